@@ -1,0 +1,65 @@
+"""Glue shared by the ``torch.library`` custom ops of every op.
+
+Conventions every kernel module relies on:
+
+* Kernels see *row views*: 2-D ``(rows, n)`` tensors whose last stride is 1 and
+  whose row stride is arbitrary (0 for broadcast rows, > n for slices of a fused
+  projection).  :func:`rows` makes one without copying when the layout allows it.
+* Kernels allocate outputs with :func:`new_output`: always contiguous, and filled
+  with NaN ("poisoned") while :func:`poison_outputs` is active, so a test catches
+  any element a kernel forgot to write.
+* Custom ops are opaque to ``torch.compile``/``torch.export``; each has a fake
+  kernel that allocates the same contiguous outputs.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+_POISON = [False]
+
+
+@contextlib.contextmanager
+def poison_outputs(enabled: bool = True) -> Iterator[None]:
+    """Fill every kernel output with NaN (floats) / -1 (ints) before the kernel writes it."""
+    prev = _POISON[0]
+    _POISON[0] = enabled
+    try:
+        yield
+    finally:
+        _POISON[0] = prev
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if _POISON[0] and out.numel():
+        out.fill_(float("nan") if out.is_floating_point() else -1)
+    return out
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """View ``t`` as (rows, last_dim) with unit inner stride, copying only when impossible.
+
+    ``view`` succeeds whenever the leading dims collapse to one stride: contiguous
+    tensors, row slices of a wider buffer, and broadcast rows (all strides 0).
+    """
+    if t.dim() == 0:
+        return t.reshape(1, 1)
+    n = t.shape[-1]
+    if t.stride(-1) != 1 and n > 1:
+        t = t.contiguous()
+    if t.dim() == 1:
+        return t.unsqueeze(0)
+    try:
+        return t.view(-1, n)
+    except RuntimeError:
+        return t.contiguous().view(-1, n)
+
+
+def as_fp32_param(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Per-feature parameters (weight/bias) are small: kernels take them as contiguous fp32."""
+    if t is None:
+        return None
+    return t.to(torch.float32).contiguous()

@@ -1,0 +1,172 @@
+"""Op specs, backends and backend selection.
+
+Every op is described once by an :class:`OpSpec` (public function, float64
+reference, plain-PyTorch baseline, dtypes, test cases, bytes/FLOPs model) and
+implemented per backend by a *kernel module*: a Python module that exports
+``forward``/``backward`` launchers and ``DTYPES``.  Tests (``tests/test_matrix.py``),
+``tessera check`` and ``tessera bench`` are all generated from the specs.
+
+Backend selection for one call, first match wins:
+
+1. ``backend=`` passed to the public function;
+2. the innermost ``with tessera.use_backend(name):`` block;
+3. the ``TESSERA_BACKEND`` environment variable;
+4. automatic: by tensor device (``cpu`` -> native ``cpu``, ``cuda`` -> ``triton``).
+
+An explicitly requested backend (1-3) that cannot run the op raises
+:class:`BackendError`; it never falls back silently.  Automatic selection on a
+CPU tensor only falls back to ``reference`` when the native backend cannot be
+built here (no C compiler), and warns once when it does.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib
+import os
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+
+BACKENDS = ("reference", "cpu", "triton")
+_override: contextvars.ContextVar[str] = contextvars.ContextVar("tessera_backend", default="")
+
+
+class BackendError(RuntimeError):
+    """An explicitly requested backend cannot run this op on these inputs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One correctness/benchmark case of an op.
+
+    ``make(dtype, device, gen)`` returns the keyword arguments of the public
+    function (tensors are created on ``device`` in ``dtype``).  ``tags`` drive
+    which suites run it: ``"large"`` (skipped under the Triton interpreter),
+    ``"extreme"`` (extreme values), ``"layout"`` (non-contiguous/broadcast),
+    ``"nograd"`` (forward only).
+    """
+
+    name: str
+    make: Callable[[torch.dtype, torch.device, torch.Generator], dict]
+    tags: frozenset = frozenset()
+
+
+@dataclasses.dataclass
+class OpSpec:
+    """The contract of one op.  See ``docs/adding-an-op.md``."""
+
+    name: str
+    fn: Callable[..., Any]                 # public function, accepts backend=
+    ref: Callable[..., Any]                # float64 reference: same kwargs, returns tensor or tuple
+    eager: Callable[..., Any]              # plain PyTorch in the input dtype (2x rule + bench baseline)
+    kernels: dict[str, str]                # backend name -> kernel module path
+    cases: list[Case]
+    grad_inputs: tuple[str, ...]           # kwargs that receive gradients
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    # bytes moved / flops for a call, given the kwargs: used by the roofline in `tessera bench`.
+    bytes_fwd: Callable[[dict], int] | None = None
+    bytes_bwd: Callable[[dict], int] | None = None
+    flops_fwd: Callable[[dict], int] | None = None
+    bench_cases: list[Case] = dataclasses.field(default_factory=list)
+    # per-output fp32 tolerance override {output index: (rtol, atol)} with a written reason
+    fp32_tol: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    fp32_grad_tol: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    if spec.name in OPS:
+        raise ValueError(f"op {spec.name!r} registered twice")
+    OPS[spec.name] = spec
+    return spec
+
+
+# ----------------------------------------------------------------------------- backends
+
+def backend_available(name: str, device: torch.device) -> tuple[bool, str]:
+    """Can backend ``name`` run on tensors of ``device`` on this machine? -> (ok, reason)."""
+    if name == "reference":
+        return True, ""
+    if name == "cpu":
+        if device.type != "cpu":
+            return False, f"the cpu backend runs on CPU tensors, got device {device}"
+        from .backends import cpu as _cpu
+        return _cpu.available()
+    if name == "triton":
+        from .backends import triton as _tr
+        return _tr.available(device)
+    return False, f"unknown backend {name!r}; expected one of {BACKENDS}"
+
+
+def kernel_module(spec: OpSpec, backend: str):
+    path = spec.kernels.get(backend)
+    if path is None:
+        return None
+    return importlib.import_module(path)
+
+
+def supports(spec: OpSpec, backend: str, device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    """The ``supports(op, inputs)`` of the backend interface, as (ok, reason)."""
+    if backend not in BACKENDS:
+        return False, f"unknown backend {backend!r}; expected one of {BACKENDS}"
+    if backend not in spec.kernels:
+        return False, f"backend {backend!r} has no kernel for op {spec.name!r}"
+    ok, why = backend_available(backend, device)
+    if not ok:
+        return False, why
+    mod = kernel_module(spec, backend)
+    if dtype not in mod.DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in mod.DTYPES)
+        return False, f"backend {backend!r} does not implement {spec.name} for dtype {dtype} (has: {names})"
+    return True, ""
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Force a backend for every tessera op called inside the block."""
+    if name not in BACKENDS and name != "":
+        raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {BACKENDS}")
+    token = _override.set(name)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def requested_backend(explicit: str | None) -> str:
+    """The explicitly requested backend name, or "" for automatic selection."""
+    if explicit:
+        return explicit
+    return _override.get() or os.environ.get("TESSERA_BACKEND", "")
+
+
+_warned_fallback = False
+
+
+def select(spec: OpSpec, device: torch.device, dtype: torch.dtype, explicit: str = ""):
+    """Pick the kernel module for one call; raises BackendError for impossible explicit requests."""
+    global _warned_fallback
+    name = requested_backend(explicit)
+    if name:
+        ok, why = supports(spec, name, device, dtype)
+        if not ok:
+            raise BackendError(f"tessera.{spec.name}: backend {name!r} was requested but cannot run: {why}")
+        return kernel_module(spec, name)
+    order = ("cpu", "reference") if device.type == "cpu" else ("triton",)
+    reasons = []
+    for cand in order:
+        ok, why = supports(spec, cand, device, dtype)
+        if ok:
+            if cand == "reference" and not _warned_fallback:
+                _warned_fallback = True
+                warnings.warn(f"tessera: native cpu backend unavailable ({reasons[-1]}); "
+                              "using the float64 reference backend", RuntimeWarning, stacklevel=3)
+            return kernel_module(spec, cand)
+        reasons.append(why)
+    raise BackendError(f"tessera.{spec.name}: no backend can run dtype {dtype} on device {device}: "
+                       + "; ".join(reasons))

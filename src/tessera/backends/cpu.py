@@ -1,0 +1,131 @@
+"""Native CPU backend: runtime ISA choice, build flags, threads, ctypes launch helpers.
+
+Kernels are framework-free C (``ops/<op>/*.c`` + ``csrc/tessera_cpu.h``) with a
+plain C ABI: pointers, int64 sizes/strides, a dtype code and a thread count.
+The same source is compiled once per ISA level:
+
+* ``avx512``  -- x86-64 with AVX-512 F/BW/VL/DQ (512-bit vectors, NT stores)
+* ``avx2``    -- x86-64 with AVX2 + FMA + F16C
+* ``generic`` -- portable C at the compiler's baseline (SSE2 on x86-64, NEON on
+  AArch64); also what a cross-compiled Arm/RISC-V build uses.
+
+The level is detected at run time from the CPU's flags; ``TESSERA_CPU_ISA``
+forces a lower one (tests run every level this machine can execute).
+Threads follow ``torch.get_num_threads()``; small problems use one thread
+because waking an OpenMP team costs more than the work.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from .. import _jit
+
+ISA_LEVELS = ("avx512", "avx2", "generic")
+_BASE_FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno",
+               "-fno-trapping-math", "-Wall", "-Werror=implicit-function-declaration"]
+_ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+               "-mprefer-vector-width=512"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "generic": [],
+}
+# dtype codes shared with csrc/tessera_cpu.h
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# Below this many elements a call runs on one thread (OpenMP wake-up costs ~10-100 us here).
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def supported_isas() -> list[str]:
+    """ISA levels this machine can execute, best first."""
+    flags = cpu_flags()
+    out = []
+    if platform.machine() in ("x86_64", "AMD64"):
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"} <= flags:
+            out.append("avx512")
+        if {"avx2", "fma", "f16c"} <= flags:
+            out.append("avx2")
+    out.append("generic")
+    return out
+
+
+def isa() -> str:
+    forced = os.environ.get("TESSERA_CPU_ISA", "")
+    have = supported_isas()
+    if forced:
+        if forced not in ISA_LEVELS:
+            raise ValueError(f"TESSERA_CPU_ISA={forced!r}: expected one of {ISA_LEVELS}")
+        if forced not in have:
+            raise ValueError(f"TESSERA_CPU_ISA={forced!r}: this CPU supports only {have}")
+        return forced
+    return have[0]
+
+
+def available() -> tuple[bool, str]:
+    if _jit.compiler() is None:
+        return False, "no C compiler found to build the native kernels (install gcc or set CC)"
+    return True, ""
+
+
+def library(name: str, source: Path) -> ctypes.CDLL:
+    """Load (building on first use) the kernel library ``name`` for the current ISA."""
+    level = isa()
+    return _jit.load(name, [source], _BASE_FLAGS + _ISA_FLAGS[level] + ["-lm"], level)
+
+
+def threads_for(numel: int) -> int:
+    if numel < PARALLEL_MIN_ELEMENTS:
+        return 1
+    return max(1, torch.get_num_threads())
+
+
+def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+
+
+def declare(lib: ctypes.CDLL, fn: str, nargs_spec: str):
+    """Set argtypes from a compact spec: p=pointer, l=int64, f=float, i=int32."""
+    kinds = {"p": ctypes.c_void_p, "l": ctypes.c_int64, "f": ctypes.c_float, "i": ctypes.c_int}
+    f = getattr(lib, fn)
+    if f.argtypes is None:
+        f.argtypes = [kinds[c] for c in nargs_spec]
+        f.restype = ctypes.c_int
+    return f
+
+
+def describe() -> dict:
+    return {"isa": isa(), "isas_supported": supported_isas(), "machine": platform.machine(),
+            "compiler": (_jit.compiler() or ("none", "none"))[1], "threads": torch.get_num_threads()}
+
+
+# Outputs above this size are written with non-temporal stores (they would only evict the
+# inputs from the cache); smaller outputs stay cached for the next op.
+NT_MIN_BYTES = int(os.environ.get("TESSERA_NT_MIN_BYTES", 8 << 20))
+
+
+def use_nt(out: torch.Tensor) -> int:
+    return int(out.numel() * out.element_size() >= NT_MIN_BYTES)
+
+
+def check_rc(rc: int, what: str) -> None:
+    if rc == -1:
+        raise MemoryError(f"tessera cpu backend: {what}: out of memory for scratch buffers")
+    if rc != 0:
+        raise RuntimeError(f"tessera cpu backend: {what}: kernel returned error {rc}")

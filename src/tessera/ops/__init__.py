@@ -1,0 +1,6 @@
+"""One folder per op (or op family): spec + public function + custom ops in
+``__init__.py``, the float64 reference in ``ref.py``, and one kernel module per
+backend (``cpu.py`` + ``*.c``, ``triton.py``).  Importing an op registers its
+``tessera::`` custom ops and its spec; it compiles nothing and imports no triton.
+"""
+from . import rms_norm  # noqa: F401

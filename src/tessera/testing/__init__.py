@@ -1,0 +1,1 @@
+"""Testing helpers shared by the test-suite, ``tessera check`` and ``tessera bench``."""

@@ -1,0 +1,118 @@
+"""The correctness matrix: every (op, backend, dtype, case), forward and gradients.
+
+Used by ``tests/test_matrix.py`` and ``tessera check``.  Each run:
+
+1. builds the case's inputs (random, in the case's layout);
+2. runs the op on the backend with outputs poisoned (NaN) so unwritten elements fail;
+3. compares every output with the float64 reference and the plain-PyTorch
+   same-dtype baseline under :mod:`tessera.testing.tolerance`;
+4. unless the case is tagged ``nograd``, back-propagates the same random upstream
+   gradients through the op, the float64 reference and the baseline, and compares
+   the input gradients the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .._library import poison_outputs
+from .._registry import OPS, BACKENDS, Case, OpSpec, backend_available, supports
+from . import tolerance
+from .cases import seed_for
+
+
+@dataclasses.dataclass
+class Result:
+    op: str
+    backend: str
+    dtype: torch.dtype
+    case: str
+    ok: bool
+    fwd_err: float = 0.0
+    grad_err: float = 0.0
+    why: str = ""
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _inputs(kw: dict, names, dtype=None, copy=False) -> tuple[dict, list[str]]:
+    """Detached copies of the case inputs; the ``names`` among them become autograd leaves.
+
+    The kernel's inputs (``dtype=None, copy=False``) keep their layout: views of a
+    wider buffer or broadcast rows are leaves themselves, exactly as passed in.
+    """
+    out, leaves = {}, []
+    for k, v in kw.items():
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            if dtype is not None:
+                v = v.to(dtype)
+            elif copy:
+                v = v.clone()
+            if k in names and v.is_floating_point():
+                v.requires_grad_(True)
+                leaves.append(k)
+        out[k] = v
+    return out, leaves
+
+
+def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device="cpu",
+             grads: bool = True) -> Result:
+    gen = torch.Generator().manual_seed(seed_for(f"{spec.name}/{case.name}/{dtype}"))
+    kw = case.make(dtype, torch.device(device), gen)
+    do_grad = grads and "nograd" not in case.tags
+    names = spec.grad_inputs if do_grad else ()
+    k_kw, leaves = _inputs(kw, names)                            # kernel inputs keep their layout
+    r_kw, _ = _inputs(kw, names, torch.float64)                  # float64 reference
+    lp_kw = _inputs(kw, names, copy=True)[0] if dtype != torch.float32 else {}
+    res = Result(spec.name, backend, dtype, case.name, True)
+    try:
+        with poison_outputs():
+            outs = _as_tuple(spec.fn(**k_kw, backend=backend))
+        refs = _as_tuple(spec.ref(**r_kw))
+        lps = _as_tuple(spec.eager(**lp_kw)) if lp_kw else (None,) * len(refs)
+        for i, (o, r, lp) in enumerate(zip(outs, refs, lps)):
+            v = tolerance.compare(o, r, lp, dtype, spec.fp32_tol.get(i))
+            res.fwd_err = max(res.fwd_err, v.err)
+            if not v.ok:
+                return dataclasses.replace(res, ok=False, why=f"output {i}: {v.why}")
+        if not leaves:
+            return res
+        ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(dtype) for o in outs]
+        g_k = torch.autograd.grad(outs, [k_kw[n] for n in leaves], ups, allow_unused=True)
+        g_r = torch.autograd.grad(refs, [r_kw[n] for n in leaves], [u.double() for u in ups], allow_unused=True)
+        g_lp = (torch.autograd.grad(lps, [lp_kw[n] for n in leaves], ups, allow_unused=True)
+                if lp_kw else (None,) * len(leaves))
+        for n, gk, gr, gl in zip(leaves, g_k, g_r, g_lp):
+            if gr is None:
+                gr = torch.zeros(kw[n].shape, dtype=torch.float64)
+            if gk is None:
+                return dataclasses.replace(res, ok=False, why=f"no gradient for '{n}'")
+            v = tolerance.compare(gk, gr, gl, dtype, spec.fp32_grad_tol.get(n))
+            res.grad_err = max(res.grad_err, v.err)
+            if not v.ok:
+                return dataclasses.replace(res, ok=False, why=f"grad '{n}': {v.why}")
+    except Exception as e:  # reported as a failed cell, the test re-raises
+        return dataclasses.replace(res, ok=False, why=f"{type(e).__name__}: {e}")
+    return res
+
+
+def cells(backends=BACKENDS, ops=None, device="cpu", include_large=True):
+    """Yield every runnable (spec, backend, dtype, case) on this machine."""
+    dev = torch.device(device)
+    for name, spec in sorted(OPS.items()):
+        if ops and name not in ops:
+            continue
+        for b in backends:
+            if not backend_available(b, dev)[0]:
+                continue
+            for dtype in spec.dtypes:
+                if not supports(spec, b, dev, dtype)[0]:
+                    continue
+                for case in spec.cases:
+                    if "large" in case.tags and not include_large:
+                        continue
+                    yield spec, b, dtype, case

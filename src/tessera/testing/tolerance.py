@@ -1,0 +1,79 @@
+"""The one tolerance rule every float comparison in tessera uses (``shared/notes/numerics.md``).
+
+* fp32: elementwise ``|out - ref64| <= atol + rtol * |ref64|`` with
+  ``torch.testing.assert_close``'s fp32 defaults (rtol 1.3e-6, atol 1e-5), loosened
+  only through an op spec's written override.
+* fp16 / bf16: ``max|out - ref64| <= 2 * max|ref_lp - ref64| + floor`` where ``ref_lp``
+  is plain PyTorch in the same dtype (FlashAttention's rule) and ``floor`` is two
+  ulps of the dtype at the output's largest magnitude.
+* Non-finite values must sit at the same positions as in the reference cast to the
+  output dtype (overflow to inf counts), with the same sign for inf; a NaN the
+  reference does not have always fails.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+FP32_RTOL, FP32_ATOL = 1.3e-6, 1e-5
+
+
+@dataclasses.dataclass
+class Verdict:
+    ok: bool
+    err: float          # max abs error over finite positions
+    bound: float        # what it had to be under (fp32: reported as max allowed excess)
+    why: str = ""
+
+
+def nmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    den = float((b * b).sum())
+    return float(((a - b) ** 2).sum()) / den if den > 0 else float(((a - b) ** 2).sum())
+
+
+def compare(out: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor | None, dtype: torch.dtype,
+            tol: tuple[float, float] | None = None) -> Verdict:
+    if tuple(out.shape) != tuple(ref64.shape):
+        return Verdict(False, float("inf"), 0.0, f"shape {tuple(out.shape)} != reference {tuple(ref64.shape)}")
+    if out.dtype != dtype:
+        return Verdict(False, float("inf"), 0.0, f"dtype {out.dtype} != expected {dtype}")
+    if out.numel() == 0:
+        return Verdict(True, 0.0, 0.0)
+    o = out.detach().double().cpu()
+    r = ref64.detach().double().cpu()
+    r_cast = r.to(dtype).double()  # where the exact result overflows the dtype, inf is right
+    bad_o, bad_r = ~torch.isfinite(o), ~torch.isfinite(r_cast)
+    if not torch.equal(bad_o, bad_r):
+        n_extra = int((bad_o & ~bad_r).sum())
+        n_missing = int((bad_r & ~bad_o).sum())
+        return Verdict(False, float("inf"), 0.0,
+                       f"non-finite mismatch: {n_extra} unexpected NaN/Inf, {n_missing} missing")
+    if bad_o.any():
+        same = (o[bad_o] == r_cast[bad_o]) | (torch.isnan(o[bad_o]) & torch.isnan(r_cast[bad_o]))
+        if not bool(same.all()):
+            return Verdict(False, float("inf"), 0.0, "inf of the wrong sign or NaN where inf expected")
+    fin = ~bad_o & torch.isfinite(r)
+    if not fin.any():
+        return Verdict(True, 0.0, 0.0)
+    diff = (o - r).abs()[fin]
+    err = float(diff.max())
+    if dtype == torch.float32 or dtype == torch.float64:
+        rtol, atol = tol if tol is not None else (FP32_RTOL, FP32_ATOL)
+        excess = diff - (atol + rtol * r.abs()[fin])
+        worst = float(excess.max())
+        ok = worst <= 0
+        return Verdict(ok, err, atol, "" if ok else f"max abs err {err:.3g} exceeds atol {atol:g} + rtol {rtol:g}*|ref|")
+    # low precision: 2x the error of plain PyTorch in the same dtype, plus a floor of 2 ulps
+    floor = 2 * torch.finfo(dtype).eps * float(r.abs()[fin].max())
+    floor = max(floor, float(torch.finfo(dtype).tiny))
+    lp_err = 0.0
+    if ref_lp is not None:
+        lpd = ref_lp.detach().double().cpu()
+        m = fin & torch.isfinite(lpd)
+        if m.any():
+            lp_err = float((lpd - r).abs()[m].max())
+    bound = 2 * lp_err + floor
+    ok = err <= bound
+    return Verdict(ok, err, bound, "" if ok else f"max abs err {err:.3g} > 2 x torch-{dtype} err {lp_err:.3g} + floor {floor:.3g}")

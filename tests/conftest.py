@@ -1,0 +1,15 @@
+"""Test setup: the Triton backend runs under the interpreter on CPU tensors.
+
+TRITON_INTERPRET must be set before triton is imported anywhere; tessera
+imports triton lazily, so setting it here (before any test module imports an
+op's triton kernels) is enough.  Set TESSERA_TEST_TRITON=0 to skip Triton.
+"""
+import os
+
+if os.environ.get("TESSERA_TEST_TRITON", "1") == "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TESSERA_SEED", "0")
+
+import torch  # noqa: E402
+
+torch.manual_seed(0)
