@@ -146,12 +146,26 @@ def requested_backend(explicit: str | None) -> str:
 
 
 _warned_fallback = False
+_selected: dict[tuple, Any] = {}
 
 
 def select(spec: OpSpec, device: torch.device, dtype: torch.dtype, explicit: str = ""):
-    """Pick the kernel module for one call; raises BackendError for impossible explicit requests."""
-    global _warned_fallback
+    """Pick the kernel module for one call; raises BackendError for impossible explicit requests.
+
+    Successful choices are memoised per (op, requested backend, device type, dtype):
+    the answer depends only on those and on the machine, and this is the launch path.
+    TRITON_INTERPRET is part of the key because it decides whether triton runs on CPU.
+    """
     name = requested_backend(explicit)
+    key = (spec.name, name, device.type, dtype, os.environ.get("TRITON_INTERPRET", ""))
+    mod = _selected.get(key)
+    if mod is None:
+        mod = _selected[key] = _select(spec, device, dtype, name)
+    return mod
+
+
+def _select(spec: OpSpec, device: torch.device, dtype: torch.dtype, name: str):
+    global _warned_fallback
     if name:
         ok, why = supports(spec, name, device, dtype)
         if not ok:

@@ -68,14 +68,18 @@ def supported_isas() -> list[str]:
 
 def isa() -> str:
     forced = os.environ.get("TESSERA_CPU_ISA", "")
-    have = supported_isas()
-    if forced:
-        if forced not in ISA_LEVELS:
-            raise ValueError(f"TESSERA_CPU_ISA={forced!r}: expected one of {ISA_LEVELS}")
-        if forced not in have:
-            raise ValueError(f"TESSERA_CPU_ISA={forced!r}: this CPU supports only {have}")
-        return forced
-    return have[0]
+    if not forced:
+        return _best_isa()
+    if forced not in ISA_LEVELS:
+        raise ValueError(f"TESSERA_CPU_ISA={forced!r}: expected one of {ISA_LEVELS}")
+    if forced not in supported_isas():
+        raise ValueError(f"TESSERA_CPU_ISA={forced!r}: this CPU supports only {supported_isas()}")
+    return forced
+
+
+@functools.lru_cache(maxsize=None)
+def _best_isa() -> str:
+    return supported_isas()[0]
 
 
 def available() -> tuple[bool, str]:
@@ -84,10 +88,21 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+_libs: dict[tuple[str, str, str], ctypes.CDLL] = {}
+
+
 def library(name: str, source: Path) -> ctypes.CDLL:
-    """Load (building on first use) the kernel library ``name`` for the current ISA."""
+    """Load (building on first use) the kernel library ``name`` for the current ISA.
+
+    The per-process memo keeps the launch path free of hashing and file-system
+    work: the source hash is computed once per (library, ISA) per process.
+    """
     level = isa()
-    return _jit.load(name, [source], _BASE_FLAGS + _ISA_FLAGS[level] + ["-lm"], level)
+    key = (name, str(source), level)
+    lib = _libs.get(key)
+    if lib is None:
+        lib = _libs[key] = _jit.load(name, [source], _BASE_FLAGS + _ISA_FLAGS[level] + ["-lm"], level)
+    return lib
 
 
 def threads_for(numel: int) -> int:
