@@ -7,8 +7,17 @@ until an op first runs on a backend that needs it.
 from __future__ import annotations
 
 from ._registry import BACKENDS, OPS, BackendError, use_backend
+from .ops.geglu import geglu
+from .ops.gelu import gelu
+from .ops.layer_norm import layer_norm
 from .ops.rms_norm import rms_norm
+from .ops.silu import silu
+from .ops.softmax import softmax
+from .ops.swiglu import swiglu
 
 __version__ = "0.1.0"
 
-__all__ = ["BACKENDS", "OPS", "BackendError", "use_backend", "rms_norm"]
+__all__ = ["BACKENDS", "OPS", "BackendError", "use_backend",
+           "geglu", "gelu", "layer_norm", "rms_norm", "silu", "softmax", "swiglu"]
+
+from . import nn  # noqa: E402,F401  (drop-in torch.nn modules; imports no kernels)

@@ -67,3 +67,25 @@ def finite_float(op: str, name: str, v, *, min_value: float | None = None) -> fl
 def choice(op: str, name: str, v, allowed: tuple) -> None:
     if v not in allowed:
         raise ValueError(f"tessera.{op}: argument '{name}'={v!r} is not supported; expected one of {allowed}")
+
+
+def backend_arg(op: str, backend) -> str:
+    """The public functions' ``backend=`` keyword, checked before it reaches the custom op's schema
+    (whose parser would raise a RuntimeError instead of a TypeError naming the argument)."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"tessera.{op}: argument 'backend' must be a str or None, got {type(backend).__name__}")
+    return backend or ""
+
+
+def python_types(op: str, tensors: dict, floats: dict | None = None) -> None:
+    """Python types only, in the public function before the custom op's schema parser (whose
+    errors are RuntimeErrors not naming the argument).  Cheap and traceable: values and shapes
+    are checked inside the op, where torch.compile(dynamic=True) has concrete numbers.
+    ``tensors`` maps name -> value; the first entry is required, the others may be None."""
+    for i, (name, t) in enumerate(tensors.items()):
+        if not isinstance(t, torch.Tensor) and (t is not None or i == 0):
+            what = "a torch.Tensor" if i == 0 else "a torch.Tensor or None"
+            raise TypeError(f"tessera.{op}: argument '{name}' must be {what}, got {type(t).__name__}")
+    for name, v in (floats or {}).items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, torch.SymFloat, torch.SymInt)):
+            raise TypeError(f"tessera.{op}: argument '{name}' must be a float, got {type(v).__name__}")

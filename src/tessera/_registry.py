@@ -157,6 +157,10 @@ def select(spec: OpSpec, device: torch.device, dtype: torch.dtype, explicit: str
     TRITON_INTERPRET is part of the key because it decides whether triton runs on CPU.
     """
     name = requested_backend(explicit)
+    if name and name not in BACKENDS:
+        # a misspelt name is bad input (ValueError naming where it came from), not an unavailable backend
+        where = "argument 'backend'" if explicit else "environment variable TESSERA_BACKEND"
+        raise ValueError(f"tessera.{spec.name}: {where}={name!r} is not a backend; expected one of {BACKENDS}")
     key = (spec.name, name, device.type, dtype, os.environ.get("TRITON_INTERPRET", ""))
     mod = _selected.get(key)
     if mod is None:
@@ -182,5 +186,9 @@ def _select(spec: OpSpec, device: torch.device, dtype: torch.dtype, name: str):
                               "using the float64 reference backend", RuntimeWarning, stacklevel=3)
             return kernel_module(spec, cand)
         reasons.append(why)
+        if cand == "cpu" and backend_available("cpu", device)[0]:
+            # the native backend exists but lacks this op/dtype: that is an error, not a reason to
+            # fall back (the float64 reference is only the stand-in for a machine without a compiler)
+            break
     raise BackendError(f"tessera.{spec.name}: no backend can run dtype {dtype} on device {device}: "
                        + "; ".join(reasons))

@@ -27,7 +27,7 @@ import torch
 from .. import _jit
 
 ISA_LEVELS = ("avx512", "avx2", "generic")
-_BASE_FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno",
+_BASE_FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast",
                "-fno-trapping-math", "-Wall", "-Werror=implicit-function-declaration"]
 _ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",

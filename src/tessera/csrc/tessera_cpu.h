@@ -197,4 +197,259 @@ static inline float *tsr_scratch(int64_t floats) {
     return (float *)aligned_alloc(64, bytes);
 }
 
+/* ------------------------------------------------------------------ 32-element row blocks
+ * (appended for the norm family; usable by any row kernel that streams rows through fp32)
+ *
+ * A block is 32 consecutive elements of a row held as two 16-lane fp32 vectors
+ * (GCC/Clang vector extensions: 2 zmm with AVX-512, 4 ymm with AVX2, SSE/NEON or
+ * scalar code elsewhere).  Block loads convert fp32/fp16/bf16 to fp32; block stores
+ * convert back with the same round-to-nearest-even as tsr_f2bf/tsr_f2h and, when
+ * asked, stream 64-byte lines with non-temporal stores.  A block that runs past the
+ * row end (j + 32 > n, the `tail` block) is loaded with `fill` in the missing lanes --
+ * callers pick a fill that contributes nothing to their sums -- and stored element by
+ * element.  `tail` is a compile-time constant in TSR_FOR_BLOCKS, so the main loop has
+ * no bounds branch and its vectors stay in registers.  Kernels should instantiate
+ * their row loops with a constant dtype (the helpers branch on it).
+ *
+ * TSR_BF16HW is a kernel-internal dtype: bf16 data whose fp32 -> bf16 stores use the
+ * AVX512_BF16 instruction VCVTNE2PS2BF16 (one instruction per block instead of ~16
+ * integer ops).  It rounds to nearest even and quiets NaN exactly as tsr_f2bf, but
+ * flushes denormal inputs to zero, so a block holding an fp32 denormal takes the
+ * integer path.  Select it only when tsr_bf16_hw() is true.  (Inline asm: the
+ * library is not compiled with -mavx512bf16, the instruction runs only where the
+ * CPU reports it.)
+ */
+/* always inlined: hot-loop helpers, and no out-of-line copy whose vector ABI gcc warns about */
+#define TSR_BLK_INLINE static inline __attribute__((always_inline))
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+typedef float tsr_v16 __attribute__((vector_size(64)));
+typedef uint32_t tsr_v16u __attribute__((vector_size(64)));
+typedef uint16_t tsr_v16h __attribute__((vector_size(32)));
+typedef uint16_t tsr_v32h __attribute__((vector_size(64)));   /* a block's 32 halves */
+typedef struct { tsr_v16 lo, hi; } tsr_blk;
+
+enum { TSR_BF16HW = 3 };
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__x86_64__) && defined(__GNUC__)
+#define TSR_HAVE_BF16HW 1
+#else
+#define TSR_HAVE_BF16HW 0
+#endif
+static inline int tsr_bf16_hw(void) {
+#if TSR_HAVE_BF16HW
+    return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+    return 0;
+#endif
+}
+/* the storage dtype of a kernel dtype (TSR_BF16HW stores bf16) */
+#define TSR_IO(dtype) ((dtype) == TSR_BF16HW ? TSR_BF16 : (dtype))
+
+TSR_BLK_INLINE float tsr_v16_sum(tsr_v16 v) {
+    float s = 0.0f;
+    for (int k = 0; k < 16; k++) s += v[k];
+    return s;
+}
+
+/* a * b + c, fused where the ISA has it */
+TSR_BLK_INLINE tsr_v16 tsr_v16_fma(tsr_v16 a, tsr_v16 b, tsr_v16 c) {
+#if defined(__AVX512F__)
+    return (tsr_v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+    return a * b + c;
+#endif
+}
+
+/* 16 elements at p (dtype) -> fp32 */
+TSR_BLK_INLINE tsr_v16 tsr_v16_load(const void *p, int dtype) {
+    tsr_v16 v;
+    if (dtype == TSR_F32) { memcpy(&v, p, 64); return v; }
+    tsr_v16h h;
+    memcpy(&h, p, 32);
+#if defined(__AVX512F__)
+    if (TSR_IO(dtype) == TSR_BF16) return (tsr_v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+    return (tsr_v16)_mm512_cvtph_ps((__m256i)h);
+#else
+    if (TSR_IO(dtype) == TSR_BF16) return (tsr_v16)(__builtin_convertvector(h, tsr_v16u) << 16);
+#if defined(__F16C__)
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + 8)));
+    memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32);
+#else
+    for (int k = 0; k < 16; k++) v[k] = tsr_h2f(h[k]);
+#endif
+    return v;
+#endif
+}
+
+/* fp32 -> 16 halves (bf16 or fp16 bits), round to nearest even, NaN stays NaN */
+TSR_BLK_INLINE tsr_v16h tsr_v16_to_half(tsr_v16 v, int dtype) {
+#if defined(__AVX512F__)
+    if (TSR_IO(dtype) == TSR_BF16) {
+        __m512i u = (__m512i)v;
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+        __mmask16 nan = _mm512_cmp_ps_mask((__m512)v, (__m512)v, _CMP_UNORD_Q);
+        r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000)); /* quiet NaN, as tsr_f2bf */
+        return (tsr_v16h)_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+    }
+    return (tsr_v16h)_mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    if (TSR_IO(dtype) == TSR_BF16) {
+        tsr_v16u u = (tsr_v16u)v;
+        tsr_v16u r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        tsr_v16u nan = (tsr_v16u)(v != v);                      /* all-ones lanes where NaN */
+        r = (r & ~nan) | (((u >> 16) | 0x40u) & nan);           /* quiet NaN, as tsr_f2bf */
+        return __builtin_convertvector(r, tsr_v16h);
+    }
+    tsr_v16h h;
+    float f[16];
+    memcpy(f, &v, 64);
+    tsr_store_conv(&h, f, 16, TSR_F16);
+    return h;
+#endif
+}
+
+/* A whole block -> its 32 halves (64 bytes) of dtype (bf16 or fp16). */
+TSR_BLK_INLINE tsr_v32h tsr_blk_to_half(tsr_blk b, int dtype) {
+#if TSR_HAVE_BF16HW
+    if (dtype == TSR_BF16HW) {
+        __mmask16 den = _mm512_fpclass_ps_mask((__m512)b.lo, 0x20) | _mm512_fpclass_ps_mask((__m512)b.hi, 0x20);
+        if (__builtin_expect(!den, 1)) {
+            __m512i r;
+            __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(b.hi), "v"(b.lo));
+            return (tsr_v32h)r;
+        }
+    }
+#endif
+    tsr_v16h lo = tsr_v16_to_half(b.lo, dtype), hi = tsr_v16_to_half(b.hi, dtype);
+#if defined(__AVX512F__)
+    return (tsr_v32h)_mm512_inserti64x4(_mm512_castsi256_si512((__m256i)lo), (__m256i)hi, 1);
+#else
+    tsr_v32h h;
+    memcpy(&h, &lo, 32); memcpy((char *)&h + 32, &hi, 32);
+    return h;
+#endif
+}
+
+/* 32 halves of dtype -> an fp32 block */
+TSR_BLK_INLINE tsr_blk tsr_blk_from_half(tsr_v32h h, int dtype) {
+    tsr_blk b;
+#if defined(__AVX512BW__)
+    if (TSR_IO(dtype) == TSR_BF16) {
+        /* each bf16 moves to the high half of its fp32 lane and the low halves are zeroed by
+         * the mask: one vpermw per 16 values (instead of widen + shift) */
+        const __m512i il = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                            7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+        b.lo = (tsr_v16)_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, il, (__m512i)h);
+        b.hi = (tsr_v16)_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, _mm512_add_epi16(il, _mm512_set1_epi16(16)),
+                                                       (__m512i)h);
+        return b;
+    }
+#endif
+    b.lo = tsr_v16_load(&h, dtype);
+    b.hi = tsr_v16_load((const char *)&h + 32, dtype);
+    return b;
+}
+
+/* Elements [j, j+32) of a row of n elements; with tail, lanes past n get `fill`. */
+TSR_BLK_INLINE tsr_blk tsr_blk_load(const void *row, int64_t j, int64_t n, int dtype, float fill, int tail) {
+    const char *p = (const char *)row + j * tsr_elsize(dtype);
+    tsr_blk b;
+    if (!tail) {
+        if (dtype != TSR_F32) {
+            tsr_v32h h;
+            memcpy(&h, p, 64);
+            return tsr_blk_from_half(h, dtype);
+        }
+        b.lo = tsr_v16_load(p, TSR_F32);
+        b.hi = tsr_v16_load(p + 64, TSR_F32);
+        return b;
+    }
+    float f[32];
+    int64_t k, m = n - j;
+    tsr_load_f32(f, p, m, TSR_IO(dtype));
+    for (k = m; k < 32; k++) f[k] = fill;
+    memcpy(&b.lo, f, 64); memcpy(&b.hi, f + 16, 64);
+    return b;
+}
+
+/* Zero the lanes of a tail block from element m on (m = n - j valid elements). */
+TSR_BLK_INLINE void tsr_blk_zero_from(tsr_blk *b, int64_t m) {
+    float f[32];
+    memcpy(f, &b->lo, 64); memcpy(f + 16, &b->hi, 64);
+    for (int64_t k = m; k < 32; k++) f[k] = 0.0f;
+    memcpy(&b->lo, f, 64); memcpy(&b->hi, f + 16, 64);
+}
+
+/* 64 bytes to dst; nt != 0 bypasses the cache where the ISA can (dst 64-byte aligned). */
+TSR_BLK_INLINE void tsr_put64(void *dst, tsr_v32h v, int nt) {
+#if defined(__AVX512F__)
+    if (nt) _mm512_stream_si512(dst, (__m512i)v);
+    else _mm512_storeu_si512(dst, (__m512i)v);
+#elif defined(__AVX2__)
+    if (nt) {
+        __m256i a, c;
+        memcpy(&a, &v, 32); memcpy(&c, (const char *)&v + 32, 32);
+        _mm256_stream_si256((__m256i *)dst, a);
+        _mm256_stream_si256((__m256i *)dst + 1, c);
+    } else {
+        memcpy(dst, &v, 64);
+    }
+#else
+    (void)nt;
+    memcpy(dst, &v, 64);
+#endif
+}
+
+/* Store elements [j, j+32) of a row of n elements (only [j, n) when tail), converted to
+ * dtype.  nt != 0 streams the block; it needs the row start 64-byte aligned (callers check
+ * once per row); issue tsr_sfence() after the last streaming store.  With round != 0 the
+ * block is replaced by its rounded value (what a reload of the stored data gives: h = x +
+ * residual is normalised as stored); with copy != NULL the same bytes (a whole block) also
+ * go to element j of `copy`, a cache-resident scratch row the caller re-reads. */
+TSR_BLK_INLINE void tsr_blk_store_r(void *row, int64_t j, int64_t n, tsr_blk *b, int dtype, int nt, int tail,
+                                    int round, void *copy) {
+    char *p = (char *)row + j * tsr_elsize(dtype);
+    if (dtype == TSR_F32) {
+        const tsr_v16 lo = b->lo, hi = b->hi;
+        if (tail) {
+            float f[32];
+            memcpy(f, &lo, 64); memcpy(f + 16, &hi, 64);
+            memcpy(p, f, (size_t)(n - j) * 4);
+        } else {
+            tsr_put64(p, (tsr_v32h)lo, nt);
+            tsr_put64(p + 64, (tsr_v32h)hi, nt);
+        }
+        if (copy) { memcpy((char *)copy + j * 4, &lo, 64); memcpy((char *)copy + j * 4 + 64, &hi, 64); }
+        return;
+    }
+    tsr_v32h h = tsr_blk_to_half(*b, dtype);
+    if (tail) memcpy(p, &h, (size_t)(n - j) * 2);
+    else tsr_put64(p, h, nt);
+    if (copy) memcpy((char *)copy + j * 2, &h, 64);
+    if (round) *b = tsr_blk_from_half(h, dtype);
+}
+
+TSR_BLK_INLINE void tsr_blk_store(void *row, int64_t j, int64_t n, tsr_blk b, int dtype, int nt, int tail) {
+    tsr_blk_store_r(row, j, n, &b, dtype, nt, tail, 0, NULL);
+}
+
+/* Run the statement(s) for every block of a row of n elements: whole blocks with
+ * tail = 0, then the partial last block (if any) with tail = 1.  Declares `j`. */
+#define TSR_FOR_BLOCKS(j, n, ...)                                                  \
+    do {                                                                           \
+        int64_t j = 0;                                                             \
+        for (; j + 32 <= (n); j += 32) { enum { tail = 0 }; __VA_ARGS__ }          \
+        if (j < (n)) { enum { tail = 1 }; __VA_ARGS__ }                            \
+    } while (0)
+
+TSR_BLK_INLINE int tsr_aligned64(const void *p) { return ((uintptr_t)p & 63) == 0; }
+
+/* Ask for the cache lines of [p, p + bytes) to be brought into L2 ahead of use. */
+TSR_BLK_INLINE void tsr_prefetch_l2(const void *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
+}
+
 #endif /* TESSERA_CPU_H */

@@ -4,3 +4,6 @@ backend (``cpu.py`` + ``*.c``, ``triton.py``).  Importing an op registers its
 ``tessera::`` custom ops and its spec; it compiles nothing and imports no triton.
 """
 from . import rms_norm  # noqa: F401
+from . import softmax  # noqa: F401
+from . import gelu, geglu, silu, swiglu  # noqa: F401  (activation family, shared code in _elementwise)
+from . import layer_norm  # noqa: F401

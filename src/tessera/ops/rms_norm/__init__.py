@@ -100,7 +100,8 @@ _rms_norm.register_autograd(_backward, setup_context=_setup)
 def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, residual: Optional[Tensor] = None,
              *, backend: Optional[str] = None):
     """RMSNorm over the last dim; with ``residual``, returns ``(norm(x + residual), x + residual)``."""
-    y, h, _ = _rms_norm(x, weight, residual, eps, backend or "")
+    _checks.python_types(OP, {"x": x, "weight": weight, "residual": residual}, {"eps": eps})
+    y, h, _ = _rms_norm(x, weight, residual, eps, _checks.backend_arg(OP, backend))
     return (y, h) if residual is not None else y
 
 

@@ -1,0 +1,106 @@
+"""``tessera bench``: every registered op against PyTorch eager and torch.compile, on a roofline.
+
+One run, in this order (everything in one process, so all numbers share the
+machine's state):
+
+1. roofline probes (:mod:`.roofline`): non-temporal C copy (the roofline),
+   plain-store copy, ``torch.copy_``, and the fp32/bf16 matmul peak;
+2. per-call overhead on each op's tiniest test input: tessera vs eager vs a
+   no-op ``custom_op`` (the dispatcher's floor), in microseconds;
+3. the matrix (:mod:`.runner`): ``bench_cases`` x dtype x fwd/bwd, tessera /
+   eager / compile interleaved, medians;
+4. the NT copy again, so drift of the bandwidth during the run is visible;
+5. the report (:mod:`.report`): table on stdout, ``bench.json``, ``bench.png``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736",
+              "MALLOC_TOP_PAD_": "1073741824"}
+
+
+def malloc_tuned() -> bool:
+    """Is glibc told to keep freed big blocks (no fresh page faults per output allocation)?"""
+    return all(os.environ.get(k) for k in MALLOC_ENV)
+
+
+def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, quick: bool = False,
+        shape_scale: float = 1.0, tiny: bool = False, command: list[str] | None = None,
+        log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark and write ``bench.json`` + ``bench.png`` into ``out_dir``; returns the report."""
+    import torch
+
+    from .. import OPS
+    from . import report as rep
+    from . import roofline, runner
+
+    unknown = [o for o in (ops or []) if o not in OPS]
+    if unknown:
+        raise ValueError(f"tessera bench: unknown op(s) {unknown}; registered: {sorted(OPS)}")
+    device = torch.device("cpu")
+    if "triton" in backends:
+        if not torch.cuda.is_available():
+            raise ValueError("tessera bench: the triton backend is benchmarked on a GPU only (the interpreter "
+                             "is a correctness tool, its timings mean nothing); use --backend cpu here")
+        if len(set(backends)) > 1:
+            raise ValueError("tessera bench: benchmark the triton backend (GPU) and CPU backends in separate runs")
+        device = torch.device("cuda")
+    specs = [OPS[n] for n in (ops or sorted(OPS))]
+    todo, notes = runner.plans(specs, dtypes, backends, device)
+    t_start = time.time()
+    probe_mib = 16 if tiny else 256
+    probe_reps = 3 if tiny else (8 if quick else 15)
+    log(f"roofline probe: copy {probe_mib} MiB x {probe_reps}, {torch.get_num_threads()} threads ...")
+    roof = roofline.memory_bandwidth(probe_mib, probe_reps, device=device)
+    log("matmul peak ...")
+    mm = roofline.matmul_peak(256 if tiny else 2048, 2 if tiny else (3 if quick else 5), device=device)
+    overhead = []
+    for spec in specs:
+        o = runner.overhead(spec, backends, device, calls=20 if tiny else 200, repeats=5 if tiny else 15)
+        if o is not None:
+            overhead.append(o)
+    report = {
+        "command": command or sys.argv, "process_argv": list(getattr(sys, "orig_argv", sys.argv)), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
+        "device": str(device), "machine": rep.machine_info(), "versions": rep.versions(),
+        "mode": {"malloc_tuning": malloc_tuned(), "malloc_env": {k: os.environ.get(k) for k in MALLOC_ENV},
+                 "quick": quick, "tiny": tiny, "shape_scale": shape_scale, "repeats": repeats,
+                 "threads": torch.get_num_threads(), "backends": list(backends),
+                 "dtypes": [runner.dtype_name(d) for d in dtypes],
+                 "timing": "median of interleaved samples after warm-up; compile/JIT excluded",
+                 "compile": "torch.compile(spec.eager, fullgraph=True, dynamic=False)"},
+        "roofline": roof, "matmul": mm, "overhead": overhead, "notes": notes, "rows": [],
+    }
+    log(rep.header(report))
+    for note in notes:
+        log(f"note: {note}")
+    inputs: dict = {}  # one case's inputs, shared by its fwd and bwd rows (plans keep them adjacent)
+    for i, p in enumerate(todo, 1):
+        key = (p.spec.name, p.case.name, p.dtype)
+        if key not in inputs:
+            inputs.clear()
+            inputs[key] = runner.make_inputs(p.spec, p.case, p.dtype, device, shape_scale)
+        row = rep.finish_row(runner.measure(p, repeats, device, inputs[key]), roof["gbps"])
+        report["rows"].append(row)
+        log(rep.progress_line(i, len(todo), row))
+        for k, e in row["errors"].items():
+            log(f"    {k} failed: {e}")
+    after = roofline.memory_bandwidth(probe_mib, max(3, probe_reps // 3), device=device)
+    report["roofline"]["after_gbps"] = after["gbps"]
+    report["elapsed_s"] = round(time.time() - t_start, 1)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench.json", "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    rep.plot(report, str(out / "bench.png"))
+    log("")
+    log(rep.table(report["rows"]))
+    log(f"\nroofline {roof['roofline']} {roof['gbps']:.2f} GB/s (after the run: {after['gbps']:.2f}); "
+        f"%roof = GB/s / roofline; x eager / x compile = their time / tessera's (> 1: tessera faster)")
+    log(f"wrote {out / 'bench.json'} and {out / 'bench.png'} in {report['elapsed_s']} s")
+    return report

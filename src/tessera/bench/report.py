@@ -1,0 +1,167 @@
+"""Benchmark report: derived figures, the stdout table, ``bench.json`` and ``bench.png``.
+
+Derived per row (all from medians measured in the same run):
+
+* ``gbps``          -- ``bytes / median time`` (bytes from the op's roofline model:
+  the bytes that must cross DRAM, read + written; 1 GB = 1e9 bytes);
+* ``pct_roofline``  -- ``gbps`` / the run's non-temporal copy rate (``roofline.py``);
+* ``speedup``       -- eager time / tessera time and compile time / tessera time
+  (> 1 means tessera is faster).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+
+_FLAG_PREFIXES = ("avx512", "amx")
+_FLAGS = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "neon", "asimd", "sve", "sve2"}
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    import torch
+    return {"python": platform.python_version(), "torch": torch.__version__, "tessera": _version("tessera"),
+            "triton": _version("triton"), "numpy": _version("numpy"), "matplotlib": _version("matplotlib")}
+
+
+def machine_info() -> dict:
+    """CPU model, ISA level chosen by the cpu backend, flags of interest, compiler, threads, memory."""
+    from ..backends import cpu
+    info: dict = {"machine": platform.machine(), "cores": os.cpu_count()}
+    try:
+        info.update(cpu.describe())
+    except ValueError as e:  # an invalid TESSERA_CPU_ISA: say so instead of crashing `info`
+        info["isa_error"] = str(e)
+        info["isas_supported"] = cpu.supported_isas()
+    info["flags"] = sorted(f for f in cpu.cpu_flags() if f in _FLAGS or f.startswith(_FLAG_PREFIXES))
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+        with open("/proc/meminfo") as f:
+            kb = next((int(ln.split()[1]) for ln in f if ln.startswith("MemTotal")), 0)
+        info["mem_gib"] = round(kb / 2**20, 1)
+    except OSError:
+        pass
+    return info
+
+
+# ----------------------------------------------------------------------------- derived figures
+
+def finish_row(row: dict, roof_gbps: float) -> dict:
+    ms = row["ms"]
+    row["gbps"] = {k: (row["bytes"] / (v * 1e-3) / 1e9 if v else None) for k, v in ms.items()}
+    row["pct_roofline"] = {k: (100.0 * g / roof_gbps if g else None) for k, g in row["gbps"].items()}
+    row["speedup"] = {}
+    for k, v in ms.items():
+        if k.startswith("tessera-") and v:
+            row["speedup"][k] = {b: (ms[b] / v if ms.get(b) else None) for b in ("eager", "compile")}
+    return row
+
+
+def _f(v, fmt: str, none: str = "-") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def progress_line(i: int, n: int, row: dict) -> str:
+    parts = []
+    for k, v in row["ms"].items():
+        label = k.replace("tessera-", "")
+        extra = ""
+        if k.startswith("tessera-") and v:
+            extra = f" ({row['gbps'][k]:.1f} GB/s, {row['pct_roofline'][k]:.0f}%)"
+        parts.append(f"{label} {_f(v, '.3f', 'ERR')} ms{extra}")
+    return f"[{i}/{n}] {row['op']} {row['case']} ({row['shape']}) {row['dtype']} {row['dir']}: " + " | ".join(parts)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["op", "case", "shape", "dtype", "dir", "backend", "tessera ms", "eager ms", "compile ms",
+            "GB/s", "%roof", "eager %roof", "compile %roof", "x eager", "x compile"]
+    lines = []
+    for r in rows:
+        for k, v in r["ms"].items():
+            if not k.startswith("tessera-"):
+                continue
+            sp = r["speedup"].get(k, {})
+            lines.append([r["op"], r["case"], r["shape"], r["dtype"], r["dir"], k[len("tessera-"):], _f(v, ".3f", "ERR"),
+                          _f(r["ms"].get("eager"), ".3f", "ERR"), _f(r["ms"].get("compile"), ".3f", "ERR"),
+                          _f(r["gbps"][k], ".2f"), _f(r["pct_roofline"][k], ".0f"),
+                          _f(r["pct_roofline"].get("eager"), ".0f"), _f(r["pct_roofline"].get("compile"), ".0f"),
+                          _f(sp.get("eager"), ".2f"), _f(sp.get("compile"), ".2f")])
+    widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i < 6 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(ln) for ln in lines])
+
+
+def header(report: dict) -> str:
+    roof, mm, m = report["roofline"], report["matmul"], report["machine"]
+    lines = [f"machine: {m.get('cpu', '?')} | isa {m.get('isa', '?')} | {m.get('threads')} threads | "
+             f"malloc tuning: {'on' if report['mode']['malloc_tuning'] else 'off'}"]
+    if roof.get("roofline") == "nt_copy":
+        lines.append(f"roofline = NT-store C copy over {roof['buffer_mib']} MiB, {roof['threads']} threads, bytes read+written: "
+                     f"{roof['nt_copy_gbps']:.2f} GB/s (plain-store copy {roof['plain_copy_gbps']:.2f}, "
+                     f"torch copy_ {roof['torch_copy_gbps']:.2f})")
+    else:
+        lines.append(f"roofline = torch copy_ on {report['device']}: {roof['gbps']:.2f} GB/s")
+    mm_s = ", ".join(f"{k.replace('_gflops', '')} {v} GFLOP/s" for k, v in mm.items() if k.endswith("_gflops"))
+    lines.append(f"matmul {mm['n']}^3: {mm_s}")
+    for o in report["overhead"]:
+        us = ", ".join(f"{k} {v if isinstance(v, str) else format(v, '.1f') + ' us'}" for k, v in o["us"].items())
+        lines.append(f"per-call overhead {o['op']} {o['shapes']} {o['dtype']}: {us}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- plot
+
+def plot(report: dict, path: str) -> None:
+    """Bars of % of roofline per op x dtype: tessera backend(s) / eager / compile, fwd and bwd."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    if not ops:
+        ops, dtypes = ["(no rows)"], [""]
+    names = list(dict.fromkeys(k for r in rows for k in r["ms"]))
+    colors = {"eager": "#9e9e9e", "compile": "#f0a030"}
+    palette = ["#1f5fbf", "#2e9e4f", "#8e44ad"]
+    fig, axes = plt.subplots(len(ops), len(dtypes), figsize=(4.8 * len(dtypes) + 1, 3.2 * len(ops) + 0.6),
+                             squeeze=False)
+    for i, op in enumerate(ops):
+        for j, dt in enumerate(dtypes):
+            ax = axes[i][j]
+            sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
+            width = 0.8 / max(1, len(names))
+            for k, name in enumerate(names):
+                vals = [r["pct_roofline"].get(name) or 0.0 for r in sel]
+                xs = [x + (k - (len(names) - 1) / 2) * width for x in range(len(sel))]
+                c = colors.get(name) or palette[k % len(palette)]
+                ax.bar(xs, vals, width, label=name.replace("tessera-", "tessera "), color=c)
+            ax.axhline(100, color="k", lw=0.8, ls="--")
+            ax.set_xticks(range(len(sel)))
+            ax.set_xticklabels([(r["case"] if r["case"] == r["shape"] else f"{r['case']}\n{r['shape']}")
+                                + f"\n{r['dir']}" for r in sel], fontsize=7)
+            for x, r in enumerate(sel):  # speedup of the (first) tessera backend vs eager / compile
+                sp = next(iter(r["speedup"].values()), {})
+                if sp:
+                    top = max([v for v in r["pct_roofline"].values() if v] or [0])
+                    ax.text(x, top + 2, f"{_f(sp.get('eager'), '.1f')}x / {_f(sp.get('compile'), '.1f')}x",
+                            ha="center", va="bottom", fontsize=6)
+            ax.set_ylabel("% of roofline")
+            ax.set_title(f"{op} {dt}", fontsize=10)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    roof = report["roofline"]
+    fig.suptitle(f"tessera bench: % of {roof['roofline']} roofline ({roof['gbps']:.1f} GB/s, "
+                 f"{roof['threads']} threads); labels: speedup vs eager / vs compile", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,84 @@
+/* roofline.c -- memory-bandwidth probe for `tessera bench` (framework-free C).
+ *
+ * The roofline of a memory-bound op is the rate at which this machine can move
+ * bytes between DRAM and the cores.  We measure it the way the fused kernels
+ * move data: each thread copies one contiguous slice of src to dst, loading
+ * normally and storing with non-temporal (streaming) stores, so the
+ * destination lines are never read first (an ordinary store costs a
+ * read-for-ownership: 3 bytes of traffic per 2 bytes copied).  The caller
+ * counts bytes read + bytes written, the same convention as OpSpec.bytes_*.
+ *
+ * A plain-store copy is provided too, so the report can show what NT stores buy.
+ */
+#include "tessera_cpu.h"
+
+/* Slices are cut at 4 KiB so two threads never share a page or a cache line. */
+static void tsr_bench_slice(int64_t bytes, int nthreads, int tid, int64_t *start, int64_t *len) {
+    int64_t pages = (bytes + 4095) / 4096;
+    int64_t per = (pages + nthreads - 1) / nthreads;
+    int64_t s = (int64_t)tid * per * 4096;
+    int64_t e = s + per * 4096;
+    if (s > bytes) s = bytes;
+    if (e > bytes) e = bytes;
+    *start = s;
+    *len = e - s;
+}
+
+/* Copy `bytes` from src to dst `reps` times with streaming stores; returns TSR_OK. */
+int tsr_bench_copy_nt(void *dst, const void *src, int64_t bytes, int64_t reps, int threads) {
+    if (bytes < 0 || reps < 0) return TSR_EINVAL;
+    int nt = tsr_threads(threads);
+    for (int64_t r = 0; r < reps; r++) {
+#pragma omp parallel num_threads(nt)
+        {
+            int tid = 0, n = 1;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+            n = omp_get_num_threads();
+#endif
+            int64_t s, len;
+            tsr_bench_slice(bytes, n, tid, &s, &len);
+            if (len > 0) tsr_stream_copy((char *)dst + s, (const char *)src + s, len);
+            tsr_sfence(); /* streaming stores are weakly ordered: drain before the join */
+        }
+    }
+    return TSR_OK;
+}
+
+/* Ordinary (write-allocate) stores.  Not memcpy: glibc switches to streaming stores
+ * above a cache-sized threshold, which would hide the difference we want to show. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+static void tsr_bench_plain(char *restrict d, const char *restrict s, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 64 <= n; i += 64) _mm512_storeu_si512((void *)(d + i), _mm512_loadu_si512((const void *)(s + i)));
+#elif defined(__AVX2__)
+    for (; i + 32 <= n; i += 32)
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
+#else
+    for (; i + 8 <= n; i += 8) { uint64_t v; memcpy(&v, s + i, 8); memcpy(d + i, &v, 8); }
+#endif
+    for (; i < n; i++) d[i] = s[i];
+}
+
+/* Same slicing, ordinary stores: the rate a kernel without NT stores sees. */
+int tsr_bench_copy_plain(void *dst, const void *src, int64_t bytes, int64_t reps, int threads) {
+    if (bytes < 0 || reps < 0) return TSR_EINVAL;
+    int nt = tsr_threads(threads);
+    for (int64_t r = 0; r < reps; r++) {
+#pragma omp parallel num_threads(nt)
+        {
+            int tid = 0, n = 1;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+            n = omp_get_num_threads();
+#endif
+            int64_t s, len;
+            tsr_bench_slice(bytes, n, tid, &s, &len);
+            if (len > 0) tsr_bench_plain((char *)dst + s, (const char *)src + s, len);
+        }
+    }
+    return TSR_OK;
+}

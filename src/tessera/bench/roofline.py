@@ -1,0 +1,87 @@
+"""The ceilings every benchmark row is divided by, measured in the same run.
+
+Memory bandwidth (the roofline of memory-bound ops)
+    A framework-free C copy (``roofline.c``) over ``mib`` MiB (>= 256 by default,
+    far beyond any cache) with the thread count the kernels use.  Bytes counted
+    are read + written, the convention of ``OpSpec.bytes_fwd/bytes_bwd``.  Three
+    rates are reported:
+
+    * ``nt_copy``    -- streaming (non-temporal) stores: no read-for-ownership of
+      the destination, so it is the most bytes/s a single-pass kernel can reach.
+      **This is the roofline** (``gbps``): % of roofline = op GB/s / this.
+    * ``plain_copy`` -- ordinary stores (what a kernel without NT stores sees);
+    * ``torch_copy`` -- ``Tensor.copy_`` (PyTorch's own ceiling for eager code).
+
+    Bandwidth drifts between runs on a shared VM; that is why it is measured
+    in the same process, right before the rows it normalises.
+
+Compute peak
+    ``torch.matmul`` of n x n x n (2048 by default) in fp32 (and bf16, which uses
+    AMX/AVX512-BF16 through oneDNN where present), GFLOP/s = 2 n^3 / t.  Recorded
+    for compute-bound ops (attention, GEMM) to be judged against.
+
+On a CUDA device (the triton backend on a GPU) the C probe does not apply: the
+roofline there is the device's ``copy_`` rate.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .timing import time_interleaved
+
+_SRC = Path(__file__).with_name("roofline.c")
+
+
+def _lib():
+    from ..backends import cpu  # built like every native kernel: same flags, same ISA level, same cache
+    return cpu.library("bench_roofline", _SRC)
+
+
+def memory_bandwidth(mib: int = 256, repeats: int = 10, threads: int | None = None,
+                     device: torch.device = torch.device("cpu")) -> dict:
+    """Copy rates in GB/s (1e9 bytes/s, read + written) and which one is the roofline."""
+    threads = threads or torch.get_num_threads()
+    nbytes = int(mib) << 20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    src.fill_(1)   # touch every page before timing: first-touch faults are not bandwidth
+    dst.fill_(0)
+    fns = {"torch_copy": lambda: dst.copy_(src)}
+    kind = "torch_copy"
+    if device.type == "cpu":
+        from ..backends import cpu
+        lib = _lib()
+        nt = cpu.declare(lib, "tsr_bench_copy_nt", "pplli")
+        plain = cpu.declare(lib, "tsr_bench_copy_plain", "pplli")
+        args = (cpu.ptr(dst), cpu.ptr(src), nbytes, 1, threads)
+        fns = {"nt_copy": lambda: nt(*args), "plain_copy": lambda: plain(*args), **fns}
+        kind = "nt_copy"
+    res = time_interleaved(fns, repeats, warmup=1, device=device)
+    out = {"buffer_mib": int(mib), "threads": threads, "bytes": "read + written",
+           "roofline": kind, "repeats": repeats}
+    for name, t in res.items():
+        if t.median is None:
+            raise RuntimeError(f"bandwidth probe {name} failed: {t.error}")
+        out[f"{name}_gbps"] = round(2 * nbytes / t.median / 1e9, 3)
+        out[f"{name}_spread"] = None if t.spread is None else round(t.spread, 3)
+    out["gbps"] = out[f"{kind}_gbps"]
+    del src, dst
+    return out
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5, dtypes=(torch.float32, torch.bfloat16),
+                device: torch.device = torch.device("cpu")) -> dict:
+    """GFLOP/s of an n^3 ``torch.matmul`` per dtype (median of ``repeats``)."""
+    out: dict = {"n": n, "repeats": repeats}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dt in dtypes:
+        a = torch.randn(n, n, generator=gen).to(device=device, dtype=dt)
+        b = torch.randn(n, n, generator=gen).to(device=device, dtype=dt)
+        t = time_interleaved({"mm": lambda: torch.matmul(a, b)}, repeats, warmup=1, device=device)["mm"]
+        name = str(dt).replace("torch.", "")
+        out[f"{name}_gflops"] = None if t.median is None else round(2 * n**3 / t.median / 1e9, 1)
+        if t.error:
+            out[f"{name}_error"] = t.error
+    return out

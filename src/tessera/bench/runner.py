@@ -1,0 +1,209 @@
+"""The benchmark matrix: every op's ``bench_cases`` x dtype x direction x backend.
+
+Generic over ``tessera.OPS``: an op takes part as soon as its spec has
+``bench_cases`` and a ``bytes_fwd`` model (``bytes_bwd`` for the backward rows).
+
+For each row three contenders are timed in the same interleaved loop
+(:func:`tessera.bench.timing.time_interleaved`):
+
+* ``tessera``  -- ``spec.fn(**inputs, backend=<backend>)``;
+* ``eager``    -- ``spec.eager`` (what a user writes in plain PyTorch, input dtype);
+* ``compile``  -- ``torch.compile(spec.eager, fullgraph=True, dynamic=False)``.
+
+Forward rows call each under ``torch.no_grad``.  Backward rows run each
+contender's forward once with ``requires_grad`` leaves (``spec.grad_inputs``), then
+time ``torch.autograd.grad(outs, leaves, ups, retain_graph=True)`` with the same
+upstream gradients ``ups`` for all three: only the backward pass is in the number.
+
+Each (case, dtype, direction) starts from ``torch._dynamo.reset()`` and compiles
+with ``dynamic=False``: every shape gets its own static graph (what a user with
+fixed shapes gets), and dynamo's recompile limit can never silently turn the
+compiled baseline back into eager.
+
+``shape_scale`` < 1 (``--quick``, tests) shrinks the leading (row/batch) dimension:
+every input with >= 2 dims whose first dim equals the first such input's is cut
+to ``round(rows * scale)`` rows.  Row-wise ops (norms, activations, GLUs,
+softmax) stay valid; the actual shapes are recorded in every row.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from .._registry import OpSpec, supports
+from ..testing.cases import seed_for
+from . import timing
+
+DIRECTIONS = ("fwd", "bwd")
+
+
+@dataclasses.dataclass
+class Plan:
+    spec: OpSpec
+    case: object          # tessera._registry.Case
+    dtype: torch.dtype
+    direction: str
+    backends: tuple[str, ...]
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dt, str(dt).replace("torch.", ""))
+
+
+def plans(ops: list[OpSpec], dtypes, backends, device: torch.device, directions=DIRECTIONS) -> tuple[list[Plan], list[str]]:
+    """Every measurement to make, and a note for each combination that cannot run here."""
+    out, notes = [], []
+    for spec in ops:
+        if not spec.bench_cases or spec.bytes_fwd is None:
+            notes.append(f"{spec.name}: no bench_cases/bytes_fwd in its spec, not benchmarked")
+            continue
+        for case in spec.bench_cases:
+            for dt in dtypes:
+                if dt not in spec.dtypes:
+                    notes.append(f"{spec.name}: dtype {dtype_name(dt)} not in the op's dtypes")
+                    continue
+                runnable = []
+                for b in backends:
+                    ok, why = supports(spec, b, device, dt)
+                    if ok:
+                        runnable.append(b)
+                    else:
+                        notes.append(f"{spec.name}/{b}/{dtype_name(dt)}: {why}")
+                if not runnable:
+                    continue
+                for d in directions:
+                    if d == "bwd" and (not spec.grad_inputs or spec.bytes_bwd is None or "nograd" in case.tags):
+                        continue
+                    out.append(Plan(spec, case, dt, d, tuple(runnable)))
+    return out, sorted(set(notes))
+
+
+def make_inputs(spec: OpSpec, case, dtype: torch.dtype, device: torch.device, scale: float = 1.0) -> dict:
+    gen = torch.Generator().manual_seed(seed_for(f"bench/{spec.name}/{case.name}/{dtype}"))
+    kw = case.make(dtype, device, gen)
+    if scale != 1.0:
+        lead = next((v.shape[0] for v in kw.values() if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
+        if lead is not None:
+            m = max(1, round(lead * scale))
+            kw = {k: (v[:m].clone() if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[0] == lead else v)
+                  for k, v in kw.items()}
+    return kw
+
+
+def shapes(kw: dict) -> str:
+    return " ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in kw.items() if isinstance(v, torch.Tensor))
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _tessera(spec: OpSpec, backend: str) -> Callable:
+    return lambda **kw: spec.fn(**kw, backend=backend)
+
+
+def _contenders(p: Plan, compiled: Callable) -> dict[str, Callable]:
+    fns = {f"tessera-{b}": _tessera(p.spec, b) for b in p.backends}
+    fns["eager"] = p.spec.eager
+    fns["compile"] = compiled
+    return fns
+
+
+def _fwd_callables(fns: dict[str, Callable], kw: dict) -> dict[str, Callable]:
+    def call(f):
+        def run():
+            with torch.no_grad():
+                return f(**kw)
+        return run
+    return {k: call(f) for k, f in fns.items()}
+
+
+def _bwd_callables(p: Plan, fns: dict[str, Callable], kw: dict, errors: dict) -> dict[str, Callable]:
+    """Forward once per contender (graph kept), then a closure that times only autograd.grad."""
+    gen = torch.Generator().manual_seed(seed_for(f"bench-ups/{p.spec.name}/{p.case.name}"))
+    ups = None
+    out = {}
+    for name, f in fns.items():
+        leaves_kw = {k: (v.detach().requires_grad_(True)
+                         if isinstance(v, torch.Tensor) and k in p.spec.grad_inputs and v.is_floating_point() else v)
+                     for k, v in kw.items()}
+        leaves = [v for k, v in leaves_kw.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+        try:
+            outs = [o for o in _tuple(f(**leaves_kw)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        except Exception as e:
+            errors[name] = timing._err(e)
+            continue
+        if ups is None:  # the same upstream gradients for every contender
+            ups = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.device, o.dtype) for o in outs]
+        if len(outs) != len(ups):
+            errors[name] = f"returned {len(outs)} differentiable outputs, expected {len(ups)}"
+            continue
+
+        def run(outs=outs, leaves=leaves):
+            return torch.autograd.grad(outs, leaves, ups, retain_graph=True, allow_unused=True)
+        out[name] = run
+    return out
+
+
+def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int = 2) -> dict:
+    """One benchmark row: medians for every contender plus bytes; ratios are added by the report.
+
+    ``kw`` (from :func:`make_inputs`) is shared by the fwd and bwd rows of a case:
+    nothing here writes to it (backward rows make detached leaves).
+    """
+    torch._dynamo.reset()
+    compiled = torch.compile(p.spec.eager, fullgraph=True, dynamic=False)
+    fns = _contenders(p, compiled)
+    errors: dict[str, str] = {}
+    calls = _fwd_callables(fns, kw) if p.direction == "fwd" else _bwd_callables(p, fns, kw, errors)
+    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device)
+    nbytes = (p.spec.bytes_fwd if p.direction == "fwd" else p.spec.bytes_bwd)(kw)
+    first = next((v for v in kw.values() if isinstance(v, torch.Tensor)), None)
+    row = {"op": p.spec.name, "case": p.case.name, "dtype": dtype_name(p.dtype), "dir": p.direction,
+           "shape": "x".join(map(str, first.shape)) if first is not None else "", "shapes": shapes(kw), "bytes": int(nbytes), "repeats": repeats, "ms": {}, "spread": {}, "inner": {},
+           "errors": errors}
+    for name in fns:
+        t = res.get(name)
+        if t is None:
+            row["ms"][name] = None
+            continue
+        row["ms"][name] = None if t.median is None else t.median * 1e3
+        row["spread"][name] = None if t.spread is None else round(t.spread, 3)
+        row["inner"][name] = t.inner
+        if t.error:
+            errors[name] = t.error
+    del calls, fns, compiled
+    return row
+
+
+def tiny_case(spec: OpSpec):
+    """The smallest plain test case of an op (for per-call overhead), or None."""
+    skip = {"large", "layout", "extreme", "empty"}
+    best, best_n = None, None
+    for case in spec.cases:
+        if skip & set(case.tags):
+            continue
+        kw = case.make(spec.dtypes[0], torch.device("cpu"), torch.Generator().manual_seed(0))
+        n = sum(v.numel() for v in kw.values() if isinstance(v, torch.Tensor))
+        if n > 0 and (best_n is None or n < best_n):
+            best, best_n = case, n
+    return best
+
+
+def overhead(spec: OpSpec, backends, device: torch.device, calls: int = 200, repeats: int = 15) -> dict | None:
+    """Per-call microseconds on the op's tiniest input: tessera (per backend), eager, a no-op custom op."""
+    case = tiny_case(spec)
+    if case is None:
+        return None
+    dt = spec.dtypes[0]
+    kw = case.make(dt, device, torch.Generator().manual_seed(0))
+    fns = {f"tessera-{b}": (lambda b=b: spec.fn(**kw, backend=b)) for b in backends
+           if supports(spec, b, device, dt)[0]}
+    fns["eager"] = lambda: spec.eager(**kw)
+    first = next(v for v in kw.values() if isinstance(v, torch.Tensor))
+    noop = timing.noop_op()
+    fns["noop_custom_op"] = lambda: noop(first)
+    us = timing.overhead_us(fns, calls=calls, repeats=repeats, device=device)
+    return {"op": spec.name, "case": case.name, "dtype": dtype_name(dt), "shapes": shapes(kw), "us": us}

@@ -1,0 +1,190 @@
+"""Backend selection: explicit argument > ``use_backend`` > ``TESSERA_BACKEND`` > device default.
+
+Which backend ran is observed end to end: every backend's kernel module of the
+op gets a spy ``forward`` that records its backend name and then runs the real
+kernel.  Explicit requests that cannot run raise :class:`tessera.BackendError`
+and never fall back; unknown names are rejected with a ValueError.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import warnings
+
+import pytest
+import torch
+
+import tessera
+from tessera import _registry
+
+SKIP_TAGS = {"large", "extreme", "empty", "layout"}
+
+
+def _small_case(spec):
+    for case in spec.cases:
+        if not case.tags & SKIP_TAGS:
+            return case.make(torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
+    raise AssertionError(f"{spec.name}: no small case")
+
+
+@pytest.fixture
+def clean_selection(monkeypatch):
+    """No TESSERA_BACKEND from the caller's environment; a private selection memo."""
+    monkeypatch.delenv("TESSERA_BACKEND", raising=False)
+    monkeypatch.setattr(_registry, "_selected", {})
+    return monkeypatch
+
+
+@pytest.fixture(params=sorted(tessera.OPS))
+def spied(request, clean_selection):
+    """(spec, kwargs, calls): calls collects the backend name of every forward kernel run."""
+    spec = tessera.OPS[request.param]
+    calls: list[str] = []
+    for backend in ("cpu", "reference"):
+        mod = importlib.import_module(spec.kernels[backend])
+        orig = mod.forward
+
+        def spy(*a, _orig=orig, _b=backend, **k):
+            calls.append(_b)
+            return _orig(*a, **k)
+
+        clean_selection.setattr(mod, "forward", spy)
+    return spec, _small_case(spec), calls
+
+
+def _ran(spied, **kw):
+    spec, case_kw, calls = spied
+    calls.clear()
+    spec.fn(**case_kw, **kw)
+    assert len(calls) == 1, calls
+    return calls[0]
+
+
+def test_device_default_is_cpu(spied):
+    assert _ran(spied) == "cpu"
+
+
+def test_env_overrides_default(spied, monkeypatch):
+    monkeypatch.setenv("TESSERA_BACKEND", "reference")
+    assert _ran(spied) == "reference"
+    monkeypatch.delenv("TESSERA_BACKEND")
+    assert _ran(spied) == "cpu"          # the memo must not pin the env's choice
+
+
+def test_use_backend_overrides_env(spied, monkeypatch):
+    monkeypatch.setenv("TESSERA_BACKEND", "reference")
+    with tessera.use_backend("cpu"):
+        assert _ran(spied) == "cpu"
+    assert _ran(spied) == "reference"
+
+
+def test_explicit_overrides_use_backend(spied, monkeypatch):
+    monkeypatch.setenv("TESSERA_BACKEND", "cpu")
+    with tessera.use_backend("reference"):
+        assert _ran(spied) == "reference"
+        assert _ran(spied, backend="cpu") == "cpu"
+    with tessera.use_backend("cpu"):
+        assert _ran(spied, backend="reference") == "reference"
+
+
+def test_use_backend_nesting(spied):
+    with tessera.use_backend("reference"):
+        assert _ran(spied) == "reference"
+        with tessera.use_backend("cpu"):
+            assert _ran(spied) == "cpu"
+            with tessera.use_backend(""):          # "" restores automatic selection
+                assert _ran(spied) == "cpu"
+        assert _ran(spied) == "reference"
+    assert _ran(spied) == "cpu"
+
+
+def test_use_backend_restored_after_exception(spied):
+    with pytest.raises(KeyError):
+        with tessera.use_backend("reference"):
+            raise KeyError("boom")
+    assert _ran(spied) == "cpu"
+
+
+def test_use_backend_is_per_thread(spied):
+    """The override is a context variable: another thread does not inherit it."""
+    seen = []
+    with tessera.use_backend("reference"):
+        t = threading.Thread(target=lambda: seen.append(_ran(spied)))
+        t.start()
+        t.join()
+        assert _ran(spied) == "reference"
+    assert seen == ["cpu"]
+
+
+def test_unknown_names_rejected(clean_selection):
+    spec = next(iter(tessera.OPS.values()))
+    kw = _small_case(spec)
+    with pytest.raises(ValueError, match="nope"):
+        with tessera.use_backend("nope"):
+            pass
+    with pytest.raises(ValueError, match="'backend'.*nope"):
+        spec.fn(**kw, backend="nope")
+    clean_selection.setenv("TESSERA_BACKEND", "nope")
+    with pytest.raises(ValueError, match="TESSERA_BACKEND.*nope"):
+        spec.fn(**kw)
+    with pytest.raises(ValueError, match="TESSERA_BACKEND.*nope"):
+        with tessera.use_backend(""):
+            spec.fn(**kw)
+
+
+@pytest.mark.parametrize("name", sorted(tessera.OPS))
+def test_explicit_unsupported_dtype_raises(name, clean_selection):
+    """A backend lacking a dtype: explicit requests raise; auto selection raises too (no fallback)."""
+    spec = tessera.OPS[name]
+    mod = importlib.import_module(spec.kernels["cpu"])
+    clean_selection.setattr(mod, "DTYPES", tuple(d for d in mod.DTYPES if d != torch.bfloat16))
+    kw = {k: (v.to(torch.bfloat16) if isinstance(v, torch.Tensor) else v) for k, v in _small_case(spec).items()}
+    for how in ({"backend": "cpu"}, {}):
+        with pytest.raises(tessera.BackendError, match="bfloat16"):
+            spec.fn(**kw, **how)
+    with tessera.use_backend("cpu"), pytest.raises(tessera.BackendError, match="cpu"):
+        spec.fn(**kw)
+    spec.fn(**kw, backend="reference")       # an explicit reference request still works
+
+
+@pytest.mark.parametrize("name", sorted(tessera.OPS))
+def test_explicit_backend_without_kernel_raises(name, clean_selection):
+    spec = tessera.OPS[name]
+    clean_selection.setattr(spec, "kernels", {k: v for k, v in spec.kernels.items() if k != "cpu"})
+    with pytest.raises(tessera.BackendError, match="no kernel"):
+        spec.fn(**_small_case(spec), backend="cpu")
+
+
+def test_no_compiler_falls_back_to_reference_with_warning(clean_selection):
+    """Only a missing native toolchain makes automatic selection use the reference (and it warns)."""
+    from tessera.backends import cpu
+    clean_selection.setattr(cpu, "available", lambda: (False, "no C compiler found (test)"))
+    clean_selection.setattr(_registry, "_warned_fallback", False)
+    spec = next(iter(tessera.OPS.values()))
+    kw = _small_case(spec)
+    with pytest.warns(RuntimeWarning, match="reference"):
+        spec.fn(**kw)
+    with pytest.raises(tessera.BackendError, match="compiler"):
+        spec.fn(**kw, backend="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # warned once per process, not on every call
+        spec.fn(**kw)
+
+
+def test_select_returns_kernel_modules(clean_selection):
+    for name, spec in tessera.OPS.items():
+        for b in ("cpu", "reference"):
+            mod = _registry.select(spec, torch.device("cpu"), torch.float32, b)
+            assert mod.__name__ == spec.kernels[b]
+            for attr in ("DTYPES", "forward", "backward"):
+                assert hasattr(mod, attr), f"{mod.__name__} lacks {attr}"
+
+
+def test_supports_reports_reasons():
+    spec = next(iter(tessera.OPS.values()))
+    ok, why = _registry.supports(spec, "bogus", torch.device("cpu"), torch.float32)
+    assert not ok and "bogus" in why
+    ok, why = _registry.supports(spec, "cpu", torch.device("meta"), torch.float32)
+    assert not ok and "meta" in why
+    ok, why = _registry.supports(spec, "cpu", torch.device("cpu"), torch.float64)
+    assert not ok and "float64" in why

@@ -1,0 +1,236 @@
+"""The checker checks: planted kernel bugs must make ``run_case`` fail (a test that cannot fail is a defect).
+
+For every op, its cpu kernel module's ``forward``/``backward`` is monkeypatched to
+plant one bug at a time, and the matrix's ``run_case`` must report the cell as
+failed:
+
+(a) one output element left unwritten (the NaN poison must be seen);
+(b) one element off by a few ulps beyond the fp32 tolerance, and in bf16 by 4x
+    the error of plain PyTorch in bf16 (the FlashAttention-style 2x rule);
+(c) a wrong gradient (every gradient the backward kernel returns, in turn);
+(d) an output of the wrong dtype.
+
+Each planted run is paired with the unpatched control on the same case, which
+must pass.  The tolerance helper's own edge rules are unit-tested at the end.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import tessera
+from tessera._library import new_output
+from tessera.testing import tolerance
+from tessera.testing.cases import seed_for
+from tessera.testing.matrix import run_case
+
+SKIP_TAGS = {"large", "extreme", "empty", "nograd", "layout"}
+
+
+def _richest_case(spec):
+    best = None
+    for case in spec.cases:
+        if case.tags & SKIP_TAGS:
+            continue
+        kw = case.make(torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
+        t = [v for v in kw.values() if isinstance(v, torch.Tensor)]
+        if not t or min(v.numel() for v in t) < 8:
+            continue
+        key = (-len(t), sum(v.numel() for v in t))
+        if best is None or key < best[0]:
+            best = (key, case)
+    assert best is not None
+    return best[1]
+
+
+def _params():
+    return [pytest.param(spec, _richest_case(spec), id=name) for name, spec in sorted(tessera.OPS.items())
+            if "cpu" in spec.kernels]
+
+
+def _cpu_module(spec):
+    return importlib.import_module(spec.kernels["cpu"])
+
+
+def _map_first(out, fn):
+    """Apply ``fn`` to the first tensor of a kernel's return value (a tensor or a tuple)."""
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    out = list(out)
+    out[0] = fn(out[0])
+    return tuple(out)
+
+
+def _map_index(out, i, fn):
+    if isinstance(out, torch.Tensor):
+        assert i == 0
+        return fn(out)
+    out = list(out)
+    out[i] = fn(out[i])
+    return tuple(out)
+
+
+def _tensor_indices(out):
+    if isinstance(out, torch.Tensor):
+        return [0]
+    return [i for i, t in enumerate(out) if isinstance(t, torch.Tensor) and t.numel() > 0]
+
+
+def _control(spec, dtype, case):
+    r = run_case(spec, "cpu", dtype, case)
+    assert r.ok, f"control run fails before any bug is planted: {r.why}"
+
+
+@pytest.mark.parametrize("spec,case", _params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unwritten_element_is_caught(spec, case, dtype, monkeypatch):
+    _control(spec, dtype, case)
+    mod = _cpu_module(spec)
+    orig = mod.forward
+
+    def forward(*a, **k):
+        def drop_last(y):
+            fresh = new_output(y.shape, y.dtype, y.device)   # poisoned by run_case
+            fresh.view(-1)[:-1] = y.reshape(-1)[:-1]
+            return fresh
+        return _map_first(orig(*a, **k), drop_last)
+
+    monkeypatch.setattr(mod, "forward", forward)
+    r = run_case(spec, "cpu", dtype, case, grads=False)
+    assert not r.ok, "an unwritten (NaN-poisoned) output element went unnoticed"
+    assert "non-finite" in r.why or "NaN" in r.why, r.why
+
+
+def _ulp(v: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(v.abs(), torch.tensor(float("inf"), dtype=v.dtype)) - v.abs()
+
+
+@pytest.mark.parametrize("spec,case", _params())
+def test_fp32_error_beyond_tolerance_is_caught(spec, case, monkeypatch):
+    _control(spec, torch.float32, case)
+    mod = _cpu_module(spec)
+    orig = mod.forward
+    rtol, atol = spec.fp32_tol.get(0, (tolerance.FP32_RTOL, tolerance.FP32_ATOL))
+
+    def forward(*a, **k):
+        def bump(y):
+            y = y.clone()
+            flat = y.view(-1)
+            j = int(flat.abs().argmax())
+            v = flat[j]
+            # the tolerance at this element, plus 16 ulps (far above the kernel's own error)
+            flat[j] = v + (atol + rtol * v.abs()) + 16 * _ulp(v)
+            return y
+        return _map_first(orig(*a, **k), bump)
+
+    monkeypatch.setattr(mod, "forward", forward)
+    r = run_case(spec, "cpu", torch.float32, case, grads=False)
+    assert not r.ok, "an fp32 error just beyond the tolerance went unnoticed"
+
+
+def _eager_error(spec, case, dtype):
+    """max|eager_lp - ref64| of output 0 on the very inputs run_case will build."""
+    gen = torch.Generator().manual_seed(seed_for(f"{spec.name}/{case.name}/{dtype}"))
+    kw = case.make(dtype, torch.device("cpu"), gen)
+    ref = spec.ref(**{k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+    lp = spec.eager(**kw)
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+    lp = lp[0] if isinstance(lp, (tuple, list)) else lp
+    return float((lp.double() - ref).abs().max())
+
+
+@pytest.mark.parametrize("spec,case", _params())
+def test_bf16_error_of_4x_eager_is_caught(spec, case, monkeypatch):
+    _control(spec, torch.bfloat16, case)
+    lp_err = _eager_error(spec, case, torch.bfloat16)
+    assert lp_err > 0
+    mod = _cpu_module(spec)
+    orig = mod.forward
+
+    def forward(*a, **k):
+        def bump(y):
+            y = y.clone()
+            flat = y.view(-1)
+            # the smallest-magnitude element: the bf16 rounding of v + delta barely blurs delta there
+            j = int(flat.float().abs().argmin())
+            flat[j] = (flat[j].float() + 4 * lp_err).to(y.dtype)
+            return y
+        return _map_first(orig(*a, **k), bump)
+
+    monkeypatch.setattr(mod, "forward", forward)
+    r = run_case(spec, "cpu", torch.bfloat16, case, grads=False)
+    assert not r.ok, f"a bf16 error of 4x the eager error ({4 * lp_err:.3g}) went unnoticed"
+
+
+@pytest.mark.parametrize("spec,case", _params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wrong_gradient_is_caught(spec, case, dtype, monkeypatch):
+    if not spec.grad_inputs:
+        pytest.skip("op has no gradients")
+    _control(spec, dtype, case)
+    mod = _cpu_module(spec)
+    orig = mod.backward
+    seen = []
+
+    def probe(*a, **k):
+        out = orig(*a, **k)
+        seen.append(_tensor_indices(out))
+        return out
+
+    monkeypatch.setattr(mod, "backward", probe)
+    assert run_case(spec, "cpu", dtype, case).ok
+    assert seen, "the backward kernel was never called"
+    for i in seen[0]:
+        def backward(*a, _i=i, **k):
+            def wrong(g):
+                g = g.clone()
+                flat = g.view(-1)
+                j = int(flat.float().abs().argmax())
+                if dtype == torch.float32:
+                    # a small but real error at the largest gradient: >= 1e-3, 10x the loosest
+                    # fp32 gradient tolerance of any spec (atol 1e-4)
+                    flat[j] = flat[j] + 1e-3 * flat[j].abs() + 1e-3
+                else:
+                    flat[j] = -flat[j]          # a sign error at the largest gradient
+                return g
+            return _map_index(orig(*a, **k), _i, wrong)
+
+        monkeypatch.setattr(mod, "backward", backward)
+        r = run_case(spec, "cpu", dtype, case)
+        assert not r.ok, f"a wrong gradient (backward output {i}) went unnoticed"
+        assert "grad" in r.why, r.why
+
+
+@pytest.mark.parametrize("spec,case", _params())
+def test_wrong_output_dtype_is_caught(spec, case, monkeypatch):
+    mod = _cpu_module(spec)
+    orig = mod.forward
+    monkeypatch.setattr(mod, "forward", lambda *a, **k: _map_first(orig(*a, **k), lambda y: y.float()))
+    r = run_case(spec, "cpu", torch.bfloat16, case, grads=False)
+    assert not r.ok
+
+
+# ---------------------------------------------------------------- the tolerance rule itself
+
+def test_compare_rules():
+    ref = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    ok = tolerance.compare(ref.float(), ref, None, torch.float32)
+    assert ok.ok
+    nan = ref.float().clone()
+    nan[1] = float("nan")
+    assert not tolerance.compare(nan, ref, None, torch.float32).ok
+    inf_ref = torch.tensor([float("inf"), 1.0], dtype=torch.float64)
+    assert tolerance.compare(inf_ref.float(), inf_ref, None, torch.float32).ok
+    assert not tolerance.compare(-inf_ref.float(), inf_ref, None, torch.float32).ok
+    assert not tolerance.compare(torch.tensor([1.0, 1.0]), inf_ref, None, torch.float32).ok
+    # overflow to inf in the output dtype is right where the exact result exceeds the dtype's range
+    big = torch.tensor([1e6, 1.0], dtype=torch.float64)
+    assert tolerance.compare(big.half(), big, big.half(), torch.float16).ok
+    assert not tolerance.compare(ref[:2].float(), ref, None, torch.float32).ok      # shape
+    assert not tolerance.compare(ref.half(), ref, ref.half(), torch.float32).ok     # dtype
+    off = ref.float().clone()
+    off[0] += 1e-4
+    assert not tolerance.compare(off, ref, None, torch.float32).ok
+    assert tolerance.compare(off, ref, None, torch.float32, tol=(0.0, 2e-4)).ok

@@ -1,0 +1,132 @@
+"""The ``tessera`` command line, run in-process through ``tessera.cli.main``.
+
+``main(argv)`` never re-executes itself (only the console entry point does), so
+these tests exercise the same code paths as ``tessera info|check|bench`` while
+staying in the pytest process.  The bench test uses the hidden ``--tiny`` mode:
+a few rows per shape and small probes, so it finishes in seconds.
+"""
+import json
+import os
+
+import pytest
+import torch
+
+import tessera
+from tessera import cli
+from tessera.bench import MALLOC_ENV, runner
+
+
+def test_info_text_and_json(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "isa level" in out and "backends:" in out and "triton:" in out
+    for name in tessera.OPS:  # every registered op is listed, whoever registered it
+        assert name in out
+    assert cli.main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["backends"]["reference@cpu"]["available"] is True
+    assert info["machine"]["isa"] in info["machine"]["isas_supported"]
+    assert info["ops"]["rms_norm"]["dtypes"]["cpu"] == ["fp32", "fp16", "bf16"]
+
+
+def test_check_reference_passes(capsys):
+    rc = cli.main(["check", "--backend", "reference", "--op", "rms_norm"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "max fwd err" in out and "max grad err" in out
+    n = len(tessera.OPS["rms_norm"].cases)
+    for dt in ("fp32", "fp16", "bf16"):
+        assert any(ln.split()[:3] == ["rms_norm", "reference", dt] and f"{n}/{n}" in ln for ln in out.splitlines())
+    assert "all " in out and "passed" in out
+
+
+def test_check_fails_on_a_broken_kernel(capsys, monkeypatch):
+    import tessera.ops.rms_norm.ref as ref_kernels
+    good = ref_kernels.forward
+
+    def off_by_a_bit(x, weight, residual, eps):
+        y, h, rstd = good(x, weight, residual, eps)
+        return y * 1.01, h, rstd
+
+    monkeypatch.setattr(ref_kernels, "forward", off_by_a_bit)
+    rc = cli.main(["check", "--backend", "reference", "--op", "rms_norm", "--dtype", "fp32", "--no-grad"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAIL rms_norm/reference/fp32/" in out and "FAILED" in out
+
+
+def test_check_drops_large_cases(capsys):
+    assert cli.main(["check", "--backend", "reference", "--op", "rms_norm", "--dtype", "bf16", "--no-large",
+                     "--no-grad"]) == 0
+    spec = tessera.OPS["rms_norm"]
+    n = sum("large" not in c.tags for c in spec.cases)
+    assert f"{n}/{n}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["check", "--op", "no_such_op"], "--op"),
+    (["check", "--dtype", "fp8"], "--dtype"),
+    (["bench", "--backend", "gpu"], "--backend"),
+    (["bench", "--repeats", "0", "--tiny", "--op", "rms_norm"], "--repeats"),
+])
+def test_bad_arguments_name_the_option(argv, what, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert what in capsys.readouterr().err
+
+
+def test_bench_tiny_writes_json_and_png(tmp_path, capsys):
+    out_dir = tmp_path / "b"
+    rc = cli.main(["bench", "--quick", "--tiny", "--op", "rms_norm", "--dtype", "fp32", "--repeats", "2",
+                   "--out", str(out_dir)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    spec = tessera.OPS["rms_norm"]
+    n_rows = 2 * len(spec.bench_cases)  # fwd + bwd per bench case, one dtype
+    assert f"[{n_rows}/{n_rows}]" in out and "x compile" in out and "roofline" in out
+    rep = json.loads((out_dir / "bench.json").read_text())
+    assert rep["command"][:2] == ["tessera", "bench"]
+    assert rep["mode"]["malloc_tuning"] in (True, False) and rep["mode"]["tiny"] is True
+    assert rep["roofline"]["roofline"] == "nt_copy" and rep["roofline"]["gbps"] > 0
+    assert rep["roofline"]["torch_copy_gbps"] > 0 and rep["matmul"]["float32_gflops"] > 0
+    assert rep["overhead"][0]["op"] == "rms_norm"
+    assert set(rep["overhead"][0]["us"]) == {"tessera-cpu", "eager", "noop_custom_op"}
+    assert len(rep["rows"]) == n_rows
+    for row in rep["rows"]:
+        assert row["errors"] == {}, row["errors"]
+        assert set(row["ms"]) == {"tessera-cpu", "eager", "compile"}
+        assert all(v > 0 for v in row["ms"].values())
+        assert row["bytes"] > 0 and row["pct_roofline"]["tessera-cpu"] > 0
+        assert row["speedup"]["tessera-cpu"]["eager"] > 0
+    assert {r["dir"] for r in rep["rows"]} == {"fwd", "bwd"}
+    png = (out_dir / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_shape_scale_cuts_rows_only():
+    spec = tessera.OPS["rms_norm"]
+    case = next(c for c in spec.bench_cases if c.name.endswith("+res"))
+    kw = runner.make_inputs(spec, case, torch.float32, torch.device("cpu"), scale=0.25)
+    rows, n = kw["x"].shape[0], kw["x"].shape[-1]
+    assert kw["residual"].shape == kw["x"].shape and kw["weight"].shape == (n,)
+    assert kw["x"].is_contiguous() and rows == round(8192 * 0.25)
+
+
+def test_bench_reexecs_once_with_malloc_tuning(monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    for k in MALLOC_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("TESSERA_BENCH_REEXEC", raising=False)
+    args = cli.build_parser().parse_args(["bench", "--quick"])
+    cli._maybe_reexec(args)
+    assert len(calls) == 1
+    _, argv, env = calls[0]
+    assert all(env[k] == v for k, v in MALLOC_ENV.items()) and env["TESSERA_BENCH_REEXEC"] == "1"
+    # never twice, and never when asked not to
+    monkeypatch.setenv("TESSERA_BENCH_REEXEC", "1")
+    cli._maybe_reexec(args)
+    monkeypatch.delenv("TESSERA_BENCH_REEXEC")
+    cli._maybe_reexec(cli.build_parser().parse_args(["bench", "--no-malloc-tuning"]))
+    assert len(calls) == 1
