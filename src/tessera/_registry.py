@@ -70,10 +70,17 @@ class OpSpec:
     bytes_fwd: Callable[[dict], int] | None = None
     bytes_bwd: Callable[[dict], int] | None = None
     flops_fwd: Callable[[dict], int] | None = None
+    flops_bwd: Callable[[dict], int] | None = None
+    # which roofline `tessera bench` states the speed against: "memory" (GB/s vs the copy
+    # bandwidth measured in the same run) or "compute" (TFLOP/s vs the measured fp32 matmul peak)
+    bound: str = "memory"
     bench_cases: list[Case] = dataclasses.field(default_factory=list)
     # per-output fp32 tolerance override {output index: (rtol, atol)} with a written reason
     fp32_tol: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
     fp32_grad_tol: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # outputs whose dtype does not follow the input dtype {output index: dtype}, e.g. an fp32
+    # log-sum-exp next to a bf16 output; they are judged by that dtype's tolerance rule
+    out_dtypes: dict[int, torch.dtype] = dataclasses.field(default_factory=dict)
 
 
 OPS: dict[str, OpSpec] = {}

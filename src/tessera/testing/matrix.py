@@ -75,16 +75,22 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
         refs = _as_tuple(spec.ref(**r_kw))
         lps = _as_tuple(spec.eager(**lp_kw)) if lp_kw else (None,) * len(refs)
         for i, (o, r, lp) in enumerate(zip(outs, refs, lps)):
-            v = tolerance.compare(o, r, lp, dtype, spec.fp32_tol.get(i))
+            odt = spec.out_dtypes.get(i, dtype)
+            v = tolerance.compare(o, r, lp if odt == dtype else None, odt, spec.fp32_tol.get(i))
             res.fwd_err = max(res.fwd_err, v.err)
             if not v.ok:
                 return dataclasses.replace(res, ok=False, why=f"output {i}: {v.why}")
         if not leaves:
             return res
-        ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(dtype) for o in outs]
-        g_k = torch.autograd.grad(outs, [k_kw[n] for n in leaves], ups, allow_unused=True)
-        g_r = torch.autograd.grad(refs, [r_kw[n] for n in leaves], [u.double() for u in ups], allow_unused=True)
-        g_lp = (torch.autograd.grad(lps, [lp_kw[n] for n in leaves], ups, allow_unused=True)
+        # upstream gradients for every differentiable output, each in its output's dtype
+        diff = [i for i, o in enumerate(outs) if o.requires_grad]
+        ups = {i: torch.randn(outs[i].shape, generator=gen, dtype=torch.float64) for i in diff}
+        g_k = torch.autograd.grad([outs[i] for i in diff], [k_kw[n] for n in leaves],
+                                  [ups[i].to(outs[i].dtype) for i in diff], allow_unused=True)
+        g_r = torch.autograd.grad([refs[i] for i in diff], [r_kw[n] for n in leaves],
+                                  [ups[i] for i in diff], allow_unused=True)
+        g_lp = (torch.autograd.grad([lps[i] for i in diff], [lp_kw[n] for n in leaves],
+                                    [ups[i].to(outs[i].dtype).to(lps[i].dtype) for i in diff], allow_unused=True)
                 if lp_kw else (None,) * len(leaves))
         for n, gk, gr, gl in zip(leaves, g_k, g_r, g_lp):
             if gr is None:

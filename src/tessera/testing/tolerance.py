@@ -6,6 +6,7 @@
 * fp16 / bf16: ``|out - ref64| <= 2 * max|ref_lp - ref64| + floor`` elementwise, where ``ref_lp``
   is plain PyTorch in the same dtype (FlashAttention's rule) and ``floor`` is one
   ulp of each element's reference value (elementwise).
+* Integer and quantized-format outputs (the reference returns int/fp8 tensors): bit-exact.
 * Non-finite values must sit at the same positions as in the reference cast to the
   output dtype (overflow to inf counts), with the same sign for inf; a NaN the
   reference does not have always fails.
@@ -33,8 +34,31 @@ def nmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b) ** 2).sum()) / den if den > 0 else float(((a - b) ** 2).sum())
 
 
+def exact_dtype(dt: torch.dtype) -> bool:
+    """Integer and 1-byte float (fp8) tensors are quantized formats: compared bit for bit."""
+    return not dt.is_floating_point or dt.itemsize == 1
+
+
+def compare_exact(out: torch.Tensor, ref: torch.Tensor) -> Verdict:
+    if tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
+        return Verdict(False, float("inf"), 0.0, f"got {tuple(out.shape)} {out.dtype}, reference "
+                       f"{tuple(ref.shape)} {ref.dtype}")
+    o, r = out.detach().cpu(), ref.detach().cpu()
+    if o.dtype.is_floating_point:  # fp8: compare the bit patterns (NaN == NaN, -0 != +0)
+        o, r = o.view(torch.uint8), r.view(torch.uint8)
+    if torch.equal(o, r):
+        return Verdict(True, 0.0, 0.0)
+    n = int((o != r).sum())
+    return Verdict(False, float("inf"), 0.0, f"{n} of {o.numel()} elements differ from the reference; "
+                   "quantized/integer outputs must be bit-exact")
+
+
 def compare(out: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor | None, dtype: torch.dtype,
             tol: tuple[float, float] | None = None) -> Verdict:
+    """``ref64`` in float64 is judged by the float rules for ``dtype``; a reference of an
+    integer/fp8 dtype (a quantized output) must be matched exactly, in that dtype."""
+    if exact_dtype(ref64.dtype):
+        return compare_exact(out, ref64)
     if tuple(out.shape) != tuple(ref64.shape):
         return Verdict(False, float("inf"), 0.0, f"shape {tuple(out.shape)} != reference {tuple(ref64.shape)}")
     if out.dtype != dtype:
