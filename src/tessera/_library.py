@@ -14,6 +14,7 @@ Conventions every kernel module relies on:
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 import torch
@@ -63,3 +64,34 @@ def as_fp32_param(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
     return t.to(torch.float32).contiguous()
+
+
+def direct(op, impl, *tensors):
+    """``op`` (the ``tessera::`` custom op) or, when nothing can tell the difference, ``impl``
+    (the same Python function undecorated) to skip the dispatcher's ~20-30 us per call.
+
+    The custom op is what autograd, torch.compile/export, fake/meta tensors, vmap,
+    dispatch/function modes (profilers, FlopCounter, DebugMode, ``with torch.device``)
+    and tensor subclasses see; it is always used when any of those could be involved
+    or an input requires grad.  A plain eager call on plain CPU/CUDA tensors without
+    grad runs the identical body directly, so tiny decode-time calls cost what the
+    kernel costs.  ``TESSERA_ALWAYS_DISPATCH=1`` turns the shortcut off.
+    """
+    if _ALWAYS_DISPATCH[0] or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return op
+    if torch.autograd._profiler_enabled():  # profiles show tessera:: ops by name
+        return op
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return op
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor or (grad and t.requires_grad) or t.device.type not in ("cpu", "cuda"):
+            return op
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return op
+    return impl
+
+
+_ALWAYS_DISPATCH = [os.environ.get("TESSERA_ALWAYS_DISPATCH", "") == "1"]

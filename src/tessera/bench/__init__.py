@@ -8,7 +8,7 @@ machine's state):
 2. per-call overhead on each op's tiniest test input: tessera vs eager vs a
    no-op ``custom_op`` (the dispatcher's floor), in microseconds;
 3. the matrix (:mod:`.runner`): ``bench_cases`` x dtype x fwd/bwd, tessera /
-   eager / compile interleaved, medians;
+   eager / compile and the row's own ceiling interleaved, medians;
 4. the NT copy again, so drift of the bandwidth during the run is visible;
 5. the report (:mod:`.report`): table on stdout, ``bench.json``, ``bench.png``.
 """
@@ -100,7 +100,8 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
     rep.plot(report, str(out / "bench.png"))
     log("")
     log(rep.table(report["rows"]))
-    log(f"\nroofline {roof['roofline']} {roof['gbps']:.2f} GB/s (after the run: {after['gbps']:.2f}); "
-        f"%roof = GB/s / roofline; x eager / x compile = their time / tessera's (> 1: tessera faster)")
+    log(f"\nstart-of-run {roof['roofline']} {roof['gbps']:.2f} GB/s (after the run: {after['gbps']:.2f}); "
+        f"roof = the row's ceiling timed interleaved with it (NT copy of the row's bytes, or fp32 matmul); "
+        f"%roof = rate / roof; x eager / x compile = their time / tessera's (> 1: tessera faster)")
     log(f"wrote {out / 'bench.json'} and {out / 'bench.png'} in {report['elapsed_s']} s")
     return report

@@ -4,7 +4,9 @@ Derived per row (all from medians measured in the same run):
 
 * ``gbps``          -- ``bytes / median time`` (bytes from the op's roofline model:
   the bytes that must cross DRAM, read + written; 1 GB = 1e9 bytes);
-* ``pct_roofline``  -- ``gbps`` / the run's non-temporal copy rate (``roofline.py``);
+* ``gflops``        -- compute-bound ops (``OpSpec.bound == "compute"``): FLOPs / median time;
+* ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: an NT copy of the
+  same bytes, or an fp32 matmul, timed interleaved with the contenders);
 * ``speedup``       -- eager time / tessera time and compile time / tessera time
   (> 1 means tessera is faster).
 """
@@ -55,9 +57,17 @@ def machine_info() -> dict:
 # ----------------------------------------------------------------------------- derived figures
 
 def finish_row(row: dict, roof_gbps: float) -> dict:
+    """Rates and % of ceiling.  The ceiling is the row's own (timed in its loop); the run's
+    start-of-run copy rate ``roof_gbps`` is only the fallback where a row has none."""
     ms = row["ms"]
     row["gbps"] = {k: (row["bytes"] / (v * 1e-3) / 1e9 if v else None) for k, v in ms.items()}
-    row["pct_roofline"] = {k: (100.0 * g / roof_gbps if g else None) for k, g in row["gbps"].items()}
+    if row.get("bound") == "compute":
+        row["gflops"] = {k: (row["flops"] / (v * 1e-3) / 1e9 if v else None) for k, v in ms.items()}
+        rates = row["gflops"]
+    else:
+        rates = row["gbps"]
+    roof = (row.get("roof") or {}).get("rate") or (roof_gbps if row.get("bound") != "compute" else None)
+    row["pct_roofline"] = {k: (100.0 * g / roof if (g and roof) else None) for k, g in rates.items()}
     row["speedup"] = {}
     for k, v in ms.items():
         if k.startswith("tessera-") and v:
@@ -69,20 +79,33 @@ def _f(v, fmt: str, none: str = "-") -> str:
     return none if v is None else format(v, fmt)
 
 
+def _rate(row: dict, k: str) -> str:
+    if row.get("bound") == "compute":
+        return f"{_f(row['gflops'][k], '.1f')} GFLOP/s"
+    return f"{_f(row['gbps'][k], '.1f')} GB/s"
+
+
+def _roof(row: dict) -> str:
+    r = row.get("roof")
+    if not r:
+        return "-"
+    return f"{r['rate']:.1f} {'GFLOP/s' if row.get('bound') == 'compute' else 'GB/s'}"
+
+
 def progress_line(i: int, n: int, row: dict) -> str:
     parts = []
     for k, v in row["ms"].items():
         label = k.replace("tessera-", "")
         extra = ""
         if k.startswith("tessera-") and v:
-            extra = f" ({row['gbps'][k]:.1f} GB/s, {row['pct_roofline'][k]:.0f}%)"
+            extra = f" ({_rate(row, k)}, {_f(row['pct_roofline'][k], '.0f')}%)"
         parts.append(f"{label} {_f(v, '.3f', 'ERR')} ms{extra}")
     return f"[{i}/{n}] {row['op']} {row['case']} ({row['shape']}) {row['dtype']} {row['dir']}: " + " | ".join(parts)
 
 
 def table(rows: list[dict]) -> str:
     head = ["op", "case", "shape", "dtype", "dir", "backend", "tessera ms", "eager ms", "compile ms",
-            "GB/s", "%roof", "eager %roof", "compile %roof", "x eager", "x compile"]
+            "rate", "roof", "%roof", "eager %roof", "compile %roof", "x eager", "x compile"]
     lines = []
     for r in rows:
         for k, v in r["ms"].items():
@@ -91,7 +114,7 @@ def table(rows: list[dict]) -> str:
             sp = r["speedup"].get(k, {})
             lines.append([r["op"], r["case"], r["shape"], r["dtype"], r["dir"], k[len("tessera-"):], _f(v, ".3f", "ERR"),
                           _f(r["ms"].get("eager"), ".3f", "ERR"), _f(r["ms"].get("compile"), ".3f", "ERR"),
-                          _f(r["gbps"][k], ".2f"), _f(r["pct_roofline"][k], ".0f"),
+                          _rate(r, k), _roof(r), _f(r["pct_roofline"][k], ".0f"),
                           _f(r["pct_roofline"].get("eager"), ".0f"), _f(r["pct_roofline"].get("compile"), ".0f"),
                           _f(sp.get("eager"), ".2f"), _f(sp.get("compile"), ".2f")])
     widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
@@ -160,8 +183,8 @@ def plot(report: dict, path: str) -> None:
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
     roof = report["roofline"]
-    fig.suptitle(f"tessera bench: % of {roof['roofline']} roofline ({roof['gbps']:.1f} GB/s, "
-                 f"{roof['threads']} threads); labels: speedup vs eager / vs compile", fontsize=10)
+    fig.suptitle(f"tessera bench: % of each row's ceiling (NT copy of its bytes, or fp32 matmul), "
+                 f"{roof['threads']} threads; labels: speedup vs eager / vs compile", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -85,3 +85,29 @@ def matmul_peak(n: int = 2048, repeats: int = 5, dtypes=(torch.float32, torch.bf
         if t.error:
             out[f"{name}_error"] = t.error
     return out
+
+
+def ceiling_callable(kind: str, nbytes: int, device: torch.device, mm_n: int = 1024):
+    """(callable, units per call, kind) timing this machine's ceiling for one benchmark row.
+
+    ``memory``: an NT-store copy of ``nbytes / 2`` bytes (so ``nbytes`` cross DRAM, read +
+    written) between buffers allocated and touched here, once per row; units = bytes.
+    ``compute``: an fp32 ``mm_n``^3 matmul; units = FLOPs.  None on devices without a probe.
+    """
+    if kind == "compute":
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        a = torch.randn(mm_n, mm_n, generator=gen).to(device)
+        b = torch.randn(mm_n, mm_n, generator=gen).to(device)
+        return (lambda: torch.matmul(a, b)), 2 * mm_n ** 3, "fp32 matmul GFLOP/s"
+    if device.type != "cpu":
+        half = max(1, nbytes // 2)
+        src = torch.ones(half, dtype=torch.uint8, device=device)
+        dst = torch.zeros_like(src)
+        return (lambda: dst.copy_(src)), 2 * half, "torch copy_ GB/s"
+    from ..backends import cpu
+    half = max(4096, (nbytes // 2 + 63) // 64 * 64)
+    src = torch.ones(half, dtype=torch.uint8)
+    dst = torch.zeros(half, dtype=torch.uint8)
+    nt = cpu.declare(_lib(), "tsr_bench_copy_nt", "pplli")
+    args = (cpu.ptr(dst), cpu.ptr(src), half, 1, torch.get_num_threads())
+    return (lambda: (src, dst, nt(*args))), 2 * half, "NT copy GB/s"

@@ -3,12 +3,16 @@
 Generic over ``tessera.OPS``: an op takes part as soon as its spec has
 ``bench_cases`` and a ``bytes_fwd`` model (``bytes_bwd`` for the backward rows).
 
-For each row three contenders are timed in the same interleaved loop
-(:func:`tessera.bench.timing.time_interleaved`):
+For each row three contenders and the row's ceiling are timed in the same
+interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
 
 * ``tessera``  -- ``spec.fn(**inputs, backend=<backend>)``;
 * ``eager``    -- ``spec.eager`` (what a user writes in plain PyTorch, input dtype);
-* ``compile``  -- ``torch.compile(spec.eager, fullgraph=True, dynamic=False)``.
+* ``compile``  -- ``torch.compile(spec.eager, fullgraph=True, dynamic=False)``;
+* the ceiling  -- memory-bound ops (``spec.bound == "memory"``): a non-temporal C copy
+  moving the row's byte count (read + written); compute-bound ops: an fp32
+  ``torch.matmul`` (see :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM
+  drifts by tens of percent within minutes, so each row carries its own.
 
 Forward rows call each under ``torch.no_grad``.  Backward rows run each
 contender's forward once with ``requires_grad`` leaves (``spec.grad_inputs``), then
@@ -34,9 +38,10 @@ import torch
 
 from .._registry import OpSpec, supports
 from ..testing.cases import seed_for
-from . import timing
+from . import roofline, timing
 
 DIRECTIONS = ("fwd", "bwd")
+ROOF = "_roofline"  # the per-row ceiling's entry in the interleaved loop (not a contender)
 
 
 @dataclasses.dataclass
@@ -158,12 +163,25 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     fns = _contenders(p, compiled)
     errors: dict[str, str] = {}
     calls = _fwd_callables(fns, kw) if p.direction == "fwd" else _bwd_callables(p, fns, kw, errors)
-    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device)
     nbytes = (p.spec.bytes_fwd if p.direction == "fwd" else p.spec.bytes_bwd)(kw)
+    flops_fn = p.spec.flops_fwd if p.direction == "fwd" else p.spec.flops_bwd
+    flops = flops_fn(kw) if (p.spec.bound == "compute" and flops_fn is not None) else None
+    # the row's own ceiling, timed in the same interleaved loop as the contenders, so drift of
+    # the machine (other tenants, frequency) moves the ceiling and the op together
+    ceiling = roofline.ceiling_callable("compute" if flops else "memory", nbytes, device)
+    if ceiling is not None:
+        calls[ROOF] = ceiling[0]
+    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device)
+    roof_t = res.pop(ROOF, None)
     first = next((v for v in kw.values() if isinstance(v, torch.Tensor)), None)
     row = {"op": p.spec.name, "case": p.case.name, "dtype": dtype_name(p.dtype), "dir": p.direction,
            "shape": "x".join(map(str, first.shape)) if first is not None else "", "shapes": shapes(kw), "bytes": int(nbytes), "repeats": repeats, "ms": {}, "spread": {}, "inner": {},
-           "errors": errors}
+           "errors": errors, "bound": "compute" if flops else "memory", "flops": flops,
+           "roof": None}
+    if ceiling is not None and roof_t is not None and roof_t.median:
+        # GB/s of the copy (read + written) or GFLOP/s of the fp32 matmul, this row's denominator
+        row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / roof_t.median / 1e9,
+                       "spread": None if roof_t.spread is None else round(roof_t.spread, 3)}
     for name in fns:
         t = res.get(name)
         if t is None:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
+from ..._library import direct
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import geglu_eager, geglu_ref
@@ -33,11 +34,13 @@ def _check(gate, up, approximate):
     ew.check_approximate(OP, approximate)
 
 
-@torch.library.custom_op("tessera::geglu", mutates_args=())
-def _geglu(gate: Tensor, up: Tensor, approximate: str, backend: str) -> Tensor:
+def _geglu_impl(gate: Tensor, up: Tensor, approximate: str, backend: str) -> Tensor:
     _check(gate, up, approximate)
     mod = select(SPEC, gate.device, gate.dtype, backend)
     return mod.forward(ew.as_rows(gate), ew.as_rows(up), approximate).view(gate.shape)
+
+
+_geglu = torch.library.custom_op("tessera::geglu", mutates_args=())(_geglu_impl)
 
 
 @_geglu.register_fake
@@ -77,7 +80,7 @@ _geglu.register_autograd(_backward, setup_context=_setup)
 def geglu(gate: Tensor, up: Tensor, approximate: str = "none", *, backend: Optional[str] = None) -> Tensor:
     """GeGLU: ``gelu(gate, approximate) * up``, elementwise; gate/up may be ``chunk(2, -1)`` views."""
     _check(gate, up, approximate)  # before the schema parser, for clear TypeErrors
-    return _geglu(gate, up, approximate, _checks.backend_arg(OP, backend))
+    return direct(_geglu, _geglu_impl, gate, up)(gate, up, approximate, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("none-", {"approximate": "none"}), ("tanh-", {"approximate": "tanh"})]

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
+from ..._library import direct
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import gelu_eager, gelu_ref
@@ -31,11 +32,13 @@ def _check(x, approximate):
     ew.check_approximate(OP, approximate)
 
 
-@torch.library.custom_op("tessera::gelu", mutates_args=())
-def _gelu(x: Tensor, approximate: str, backend: str) -> Tensor:
+def _gelu_impl(x: Tensor, approximate: str, backend: str) -> Tensor:
     _check(x, approximate)
     mod = select(SPEC, x.device, x.dtype, backend)
     return mod.forward(ew.as_rows(x), approximate).view(x.shape)
+
+
+_gelu = torch.library.custom_op("tessera::gelu", mutates_args=())(_gelu_impl)
 
 
 @_gelu.register_fake
@@ -72,7 +75,7 @@ _gelu.register_autograd(_backward, setup_context=_setup)
 def gelu(x: Tensor, approximate: str = "none", *, backend: Optional[str] = None) -> Tensor:
     """GELU, elementwise: ``approximate="none"`` (erf) or ``"tanh"``, as ``torch.nn.functional.gelu``."""
     _check(x, approximate)  # before the schema parser, for clear TypeErrors
-    return _gelu(x, approximate, _checks.backend_arg(OP, backend))
+    return direct(_gelu, _gelu_impl, x)(x, approximate, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("none-", {"approximate": "none"}), ("tanh-", {"approximate": "tanh"})]

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import rows
+from ..._library import rows, direct
 from ..._registry import Case, OpSpec, register_op, select
 from ...testing import cases as C
 from .ref import layer_norm_eager, layer_norm_ref
@@ -48,14 +48,16 @@ def _check(x, weight, bias, residual, eps):
     _checks.finite_float(OP, "eps", eps, min_value=0.0)
 
 
-@torch.library.custom_op("tessera::layer_norm", mutates_args=())
-def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], residual: Optional[Tensor],
+def _layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], residual: Optional[Tensor],
                 eps: float, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check(x, weight, bias, residual, eps)
     mod = select(SPEC, x.device, x.dtype, backend)
     y, h, mean, rstd = mod.forward(rows(x), weight, bias, None if residual is None else rows(residual), eps)
     h = x.new_empty(0) if h is None else h.view(x.shape)
     return y.view(x.shape), h, mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
+
+
+_layer_norm = torch.library.custom_op("tessera::layer_norm", mutates_args=())(_layer_norm_impl)
 
 
 @_layer_norm.register_fake
@@ -110,7 +112,8 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor] = Non
                residual: Optional[Tensor] = None, *, backend: Optional[str] = None):
     """LayerNorm over the last dim; with ``residual``, returns ``(norm(x + residual), x + residual)``."""
     _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias, "residual": residual}, {"eps": eps})
-    y, h, _, _ = _layer_norm(x, weight, bias, residual, eps, _checks.backend_arg(OP, backend))
+    y, h, _, _ = direct(_layer_norm, _layer_norm_impl, x, weight, bias, residual)(
+        x, weight, bias, residual, eps, _checks.backend_arg(OP, backend))
     return (y, h) if residual is not None else y
 
 

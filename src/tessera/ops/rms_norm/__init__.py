@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import rows
+from ..._library import rows, direct
 from ..._registry import Case, OpSpec, register_op, select
 from ...testing import cases as C
 from .ref import rms_norm_eager, rms_norm_ref
@@ -45,14 +45,16 @@ def _check(x, weight, residual, eps):
     _checks.finite_float(OP, "eps", eps, min_value=0.0)
 
 
-@torch.library.custom_op("tessera::rms_norm", mutates_args=())
-def _rms_norm(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float,
+def _rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float,
               backend: str) -> tuple[Tensor, Tensor, Tensor]:
     _check(x, weight, residual, eps)
     mod = select(SPEC, x.device, x.dtype, backend)
     y, h, rstd = mod.forward(rows(x), weight, None if residual is None else rows(residual), eps)
     h = x.new_empty(0) if h is None else h.view(x.shape)
     return y.view(x.shape), h, rstd.view(x.shape[:-1])
+
+
+_rms_norm = torch.library.custom_op("tessera::rms_norm", mutates_args=())(_rms_norm_impl)
 
 
 @_rms_norm.register_fake
@@ -101,7 +103,8 @@ def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, resi
              *, backend: Optional[str] = None):
     """RMSNorm over the last dim; with ``residual``, returns ``(norm(x + residual), x + residual)``."""
     _checks.python_types(OP, {"x": x, "weight": weight, "residual": residual}, {"eps": eps})
-    y, h, _ = _rms_norm(x, weight, residual, eps, _checks.backend_arg(OP, backend))
+    y, h, _ = direct(_rms_norm, _rms_norm_impl, x, weight, residual)(
+        x, weight, residual, eps, _checks.backend_arg(OP, backend))
     return (y, h) if residual is not None else y
 
 

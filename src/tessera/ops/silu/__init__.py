@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
+from ..._library import direct
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import silu_eager, silu_ref
@@ -22,11 +23,13 @@ from .ref import silu_eager, silu_ref
 OP = "silu"
 
 
-@torch.library.custom_op("tessera::silu", mutates_args=())
-def _silu(x: Tensor, backend: str) -> Tensor:
+def _silu_impl(x: Tensor, backend: str) -> Tensor:
     ew.check_unary(OP, x)
     mod = select(SPEC, x.device, x.dtype, backend)
     return mod.forward(ew.as_rows(x)).view(x.shape)
+
+
+_silu = torch.library.custom_op("tessera::silu", mutates_args=())(_silu_impl)
 
 
 @_silu.register_fake
@@ -63,7 +66,7 @@ _silu.register_autograd(_backward, setup_context=_setup)
 def silu(x: Tensor, *, backend: Optional[str] = None) -> Tensor:
     """SiLU (swish): ``x * sigmoid(x)``, elementwise, fp32 math for fp32/fp16/bf16."""
     ew.check_unary(OP, x)  # before the schema parser, for clear TypeErrors
-    return _silu(x, _checks.backend_arg(OP, backend))
+    return direct(_silu, _silu_impl, x)(x, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("", {})]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import new_output, rows
+from ..._library import new_output, rows, direct
 from ..._registry import Case, OpSpec, register_op, select
 from ...testing import cases as C
 from .ref import softmax_eager, softmax_ref
@@ -64,14 +64,16 @@ def _restore(out: Tensor, moved_shape, dim: int, ndim: int) -> Tensor:
     return out
 
 
-@torch.library.custom_op("tessera::softmax", mutates_args=())
-def _softmax(x: Tensor, dim: int, backend: str) -> Tensor:
+def _softmax_impl(x: Tensor, dim: int, backend: str) -> Tensor:
     _check(x, dim)
     mod = select(SPEC, x.device, x.dtype, backend)
     if x.numel() == 0:
         return new_output(x.shape, x.dtype, x.device)
     xr, moved = _rows_along(x, dim)
     return _restore(mod.forward(xr), moved, dim, x.dim())
+
+
+_softmax = torch.library.custom_op("tessera::softmax", mutates_args=())(_softmax_impl)
 
 
 @_softmax.register_fake
@@ -124,7 +126,7 @@ def softmax(x: Tensor, dim: int = -1, *, backend: Optional[str] = None) -> Tenso
     """Softmax along ``dim``; fully ``-inf`` rows give zeros, rows with ``+inf``/NaN give NaN."""
     _check(x, dim)  # before the op's schema parser sees them, for clear messages
     # a symbolic dim is specialised: it picks the kernel's layout, it is not a size
-    return _softmax(x, int(dim), _checks.backend_arg(OP, backend))
+    return direct(_softmax, _softmax_impl, x)(x, int(dim), _checks.backend_arg(OP, backend))
 
 
 # ---------------------------------------------------------------- spec: cases, roofline

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
+from ..._library import direct
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import swiglu_eager, swiglu_ref
@@ -28,11 +29,13 @@ from .ref import swiglu_eager, swiglu_ref
 OP = "swiglu"
 
 
-@torch.library.custom_op("tessera::swiglu", mutates_args=())
-def _swiglu(gate: Tensor, up: Tensor, backend: str) -> Tensor:
+def _swiglu_impl(gate: Tensor, up: Tensor, backend: str) -> Tensor:
     ew.check_gated(OP, gate, up)
     mod = select(SPEC, gate.device, gate.dtype, backend)
     return mod.forward(ew.as_rows(gate), ew.as_rows(up)).view(gate.shape)
+
+
+_swiglu = torch.library.custom_op("tessera::swiglu", mutates_args=())(_swiglu_impl)
 
 
 @_swiglu.register_fake
@@ -71,7 +74,7 @@ _swiglu.register_autograd(_backward, setup_context=_setup)
 def swiglu(gate: Tensor, up: Tensor, *, backend: Optional[str] = None) -> Tensor:
     """SwiGLU: ``silu(gate) * up``, elementwise; gate/up may be ``chunk(2, -1)`` views."""
     ew.check_gated(OP, gate, up)  # before the schema parser, for clear TypeErrors
-    return _swiglu(gate, up, _checks.backend_arg(OP, backend))
+    return direct(_swiglu, _swiglu_impl, gate, up)(gate, up, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("", {})]
