@@ -2,7 +2,7 @@
 
 A module is one shared library built from framework-free C sources with the
 system compiler.  The cache key hashes the sources (and every header in
-``tessera/csrc``), the flags, the compiler's version line and the CPU ISA the
+``tessera/csrc`` and beside the sources), the flags, the compiler's version line and the CPU ISA the
 build targets, so editing a kernel, changing flags or moving the cache to a
 different machine never loads a stale binary.  Builds are guarded by an
 exclusive ``fcntl`` lock per key and land via an atomic rename, so concurrent
@@ -55,7 +55,10 @@ def compiler() -> tuple[str, str] | None:
 
 def _key(name: str, sources: list[Path], flags: list[str], isa: str) -> str:
     h = hashlib.sha256()
-    for p in sorted(CSRC.glob("*.h")) + list(sources):
+    # every header a source can include: csrc/ and the sources' own folders (an op's
+    # private headers, e.g. ops/attention/*.h), so editing any of them rebuilds
+    local = sorted({h for src in sources for h in Path(src).parent.glob("*.h")})
+    for p in sorted(CSRC.glob("*.h")) + local + list(sources):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     h.update(" ".join(flags).encode())
