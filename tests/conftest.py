@@ -9,6 +9,9 @@ import os
 if os.environ.get("TESSERA_TEST_TRITON", "1") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TESSERA_SEED", "0")
+# The interpreter runs tl.dot through numpy's BLAS; its worker threads thrash when two pytest
+# workers share two cores (measured: ~40% of the interpreted attention kernels' CPU time).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 

@@ -138,7 +138,8 @@ def test_explicit_unsupported_dtype_raises(name, clean_selection):
     spec = tessera.OPS[name]
     mod = importlib.import_module(spec.kernels["cpu"])
     clean_selection.setattr(mod, "DTYPES", tuple(d for d in mod.DTYPES if d != torch.bfloat16))
-    kw = {k: (v.to(torch.bfloat16) if isinstance(v, torch.Tensor) else v) for k, v in _small_case(spec).items()}
+    kw = {k: (v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+          for k, v in _small_case(spec).items()}
     for how in ({"backend": "cpu"}, {}):
         with pytest.raises(tessera.BackendError, match="bfloat16"):
             spec.fn(**kw, **how)

@@ -53,12 +53,15 @@ def _bad_calls(spec):
     first = names[0]
     for k in names:
         t = kw[k]
-        yield f"{k}-int32", {**kw, k: t.to(torch.int32)}, TypeError, [f"'{k}'", "int32"]
-        yield f"{k}-float64", {**kw, k: t.to(torch.float64)}, TypeError, [f"'{k}'", "float64"]
+        if t.is_floating_point():
+            yield f"{k}-int32", {**kw, k: t.to(torch.int32)}, TypeError, [f"'{k}'", "int32"]
+            yield f"{k}-float64", {**kw, k: t.to(torch.float64)}, TypeError, [f"'{k}'", "float64"]
+        else:  # indices / lengths: either integer width may be legal, a float never is
+            yield f"{k}-float32", {**kw, k: t.to(torch.float32)}, TypeError, [f"'{k}'", "float32"]
         yield f"{k}-bool", {**kw, k: t > 0}, TypeError, [f"'{k}'", "bool"]
         if len(names) > 1:  # alone, a 0-d input may be legal (elementwise ops): see test_zero_dim_alone
             yield f"{k}-0d", {**kw, k: t.reshape(-1)[0].clone()}, ValueError, [f"'{k}'", "()"]
-        if k != first:
+        if k != first and t.is_floating_point():  # a wider index table (e.g. block_table) is legal
             bigger = torch.randn(*t.shape[:-1], t.shape[-1] + 1).to(t.dtype)
             yield f"{k}-lastdim+1", {**kw, k: bigger}, ValueError, [f"'{k}'", str(tuple(bigger.shape))]
             yield f"{k}-meta", {**kw, k: t.to("meta")}, ValueError, [f"'{k}'", "meta"]

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -163,7 +165,16 @@ def _prod(xs):
 
 
 def _ops():
-    return [pytest.param(name, id=name) for name in sorted(tessera.OPS)]
+    return [pytest.param(name, id=name) for name in sorted(tessera.OPS) if tessera.OPS[name].fuzz == "rows"]
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(tessera.OPS) if tessera.OPS[n].fuzz != "rows"])
+def test_ops_outside_the_generic_fuzz_fuzz_themselves(name):
+    """An op that opts out of the row-wise fuzz names a test file that runs hypothesis on it."""
+    path = Path(__file__).with_name(tessera.OPS[name].fuzz)
+    assert path.is_file(), f"{name}: spec.fuzz names {path.name}, which does not exist"
+    text = path.read_text()
+    assert "@given" in text and name in text, f"{name}: {path.name} has no hypothesis test of this op"
 
 
 @pytest.mark.parametrize("name", _ops())

@@ -246,5 +246,6 @@ def test_in_a_model_trains():
 
 
 def test_all_exported():
-    assert set(tnn.__all__) == {"RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax"}
+    assert set(tnn.__all__) == {"RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax",
+                                "RotaryEmbedding"}
     assert tessera.nn is tnn

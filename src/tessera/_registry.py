@@ -81,6 +81,14 @@ class OpSpec:
     # outputs whose dtype does not follow the input dtype {output index: dtype}, e.g. an fp32
     # log-sum-exp next to a bf16 output; they are judged by that dtype's tolerance rule
     out_dtypes: dict[int, torch.dtype] = dataclasses.field(default_factory=dict)
+    # property-based fuzzing: "rows" = the generic shape/stride fuzz of tests/test_fuzz.py
+    # (row-wise ops: activations and per-feature parameters); an op whose inputs have other
+    # roles (tables, indices, sequence metadata) names its own hypothesis test file instead
+    fuzz: str = "rows"
+    # arguments the op writes in place (a KV cache); the generic planted-bug checker
+    # (tests/test_checker.py) cannot patch such outputs, so these ops carry their own
+    # golden-vector and cross-backend bit-exactness tests
+    mutates: tuple[str, ...] = ()
 
 
 OPS: dict[str, OpSpec] = {}

@@ -42,6 +42,7 @@ from . import roofline, timing
 
 DIRECTIONS = ("fwd", "bwd")
 ROOF = "_roofline"  # the per-row ceiling's entry in the interleaved loop (not a contender)
+ROW_BUDGET_S = 15.0  # timed seconds per row at most (slow rows get fewer samples, >= 3)
 
 
 @dataclasses.dataclass
@@ -171,11 +172,13 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     ceiling = roofline.ceiling_callable("compute" if flops else "memory", nbytes, device)
     if ceiling is not None:
         calls[ROOF] = ceiling[0]
-    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device)
+    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device, budget_s=ROW_BUDGET_S)
     roof_t = res.pop(ROOF, None)
     first = next((v for v in kw.values() if isinstance(v, torch.Tensor)), None)
     row = {"op": p.spec.name, "case": p.case.name, "dtype": dtype_name(p.dtype), "dir": p.direction,
-           "shape": "x".join(map(str, first.shape)) if first is not None else "", "shapes": shapes(kw), "bytes": int(nbytes), "repeats": repeats, "ms": {}, "spread": {}, "inner": {},
+           "shape": "x".join(map(str, first.shape)) if first is not None else "", "shapes": shapes(kw),
+           "bytes": int(nbytes), "repeats": max((len(t.samples) for t in res.values()), default=0),
+           "ms": {}, "spread": {}, "inner": {},
            "errors": errors, "bound": "compute" if flops else "memory", "flops": flops,
            "roof": None}
     if ceiling is not None and roof_t is not None and roof_t.median:

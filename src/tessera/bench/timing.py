@@ -61,16 +61,19 @@ def _err(e: BaseException) -> str:
 
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, *, warmup: int = 2,
                      device: torch.device = torch.device("cpu"), min_sample_s: float = 2e-3,
-                     inner: int | None = None, max_inner: int = 10_000) -> dict[str, Timing]:
+                     inner: int | None = None, max_inner: int = 10_000,
+                     budget_s: float | None = None, min_repeats: int = 3) -> dict[str, Timing]:
     """Median-ready samples for each callable in ``fns``, timed in rotating turns.
 
     A callable that raises (during warm-up or timing) is dropped with its error
     recorded; the others continue, so one failing baseline never hides the rest.
     ``inner`` forces the calls per sample (per-call overhead measurements);
-    otherwise it is derived from the last warm-up call.
+    otherwise it is derived from the last warm-up call.  With ``budget_s``, rows whose
+    calls are slow (attention: ~1 s each) take fewer samples, never under ``min_repeats``.
     """
     out = {name: Timing() for name in fns}
-    live = []
+    live: list[str] = []
+    cost: dict[str, float] = {}
     for name, fn in fns.items():
         try:
             dt = 0.0
@@ -86,6 +89,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, *, warm
         n = inner if inner is not None else min(max_inner, max(1, math.ceil(min_sample_s / max(dt, 1e-9))))
         out[name].inner = n
         live.append(name)
+        cost[name] = dt * n
+    if budget_s is not None and live:
+        per_round = sum(cost.values())
+        repeats = max(min_repeats, min(repeats, int(budget_s / max(per_round, 1e-9))))
     for r in range(repeats):
         k = r % len(live) if live else 0
         for name in live[k:] + live[:k]:

@@ -46,7 +46,7 @@ from ..ops.silu import silu
 from ..ops.softmax import softmax
 from ..ops.swiglu import swiglu
 
-__all__ = ["RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax"]
+__all__ = ["RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax", "RotaryEmbedding"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _APPROXIMATE = ("none", "tanh")
@@ -234,3 +234,6 @@ class Softmax(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+from ..ops.rope.module import RotaryEmbedding  # noqa: E402,F401  (cos/sin buffers + tessera.rope)

@@ -7,3 +7,6 @@ from . import rms_norm  # noqa: F401
 from . import softmax  # noqa: F401
 from . import gelu, geglu, silu, swiglu  # noqa: F401  (activation family, shared code in _elementwise)
 from . import layer_norm  # noqa: F401
+from . import attention  # noqa: F401
+from . import rope  # noqa: F401
+from . import append_kv, decode_attention  # noqa: F401  (paged KV cache: append + decode)

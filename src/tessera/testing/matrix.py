@@ -48,8 +48,8 @@ def _inputs(kw: dict, names, dtype=None, copy=False) -> tuple[dict, list[str]]:
     for k, v in kw.items():
         if isinstance(v, torch.Tensor):
             v = v.detach()
-            if dtype is not None:
-                v = v.to(dtype)
+            if dtype is not None and v.is_floating_point() and v.element_size() > 1:
+                v = v.to(dtype)  # integer and fp8 inputs (indices, quantized caches) keep their dtype
             elif copy:
                 v = v.clone()
             if k in names and v.is_floating_point():

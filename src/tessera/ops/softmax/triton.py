@@ -33,18 +33,9 @@ import triton.language as tl
 
 from ..._library import new_output
 from ...backends.triton import interpreted, row_block
+from ...backends.triton_lang import round_bf16 as _round_bf16
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _round_bf16(v, RNE_BF16: tl.constexpr):
-    """fp32 values rounded to nearest even at bf16 precision (exact after a bf16 cast); NaN kept."""
-    if RNE_BF16:
-        u = v.to(tl.uint32, bitcast=True)
-        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-        v = tl.where(v != v, v, u.to(tl.float32, bitcast=True))
-    return v
 
 
 @triton.jit

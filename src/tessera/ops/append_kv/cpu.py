@@ -1,0 +1,27 @@
+"""append_kv native CPU launcher (kernel: append_kv.c)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...backends import cpu
+from .ref import CACHE_DTYPES  # noqa: F401  (every cache dtype)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SRC = Path(__file__).with_name("append_kv.c")
+CACHE_CODE = {**cpu.DTYPE_CODE, torch.int8: 8, torch.float8_e4m3fn: 9}
+
+
+def forward(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale):
+    B, n, Hk, D = k.shape
+    f = cpu.declare(cpu.library("append_kv", _SRC), "tsr_append_kv", "ppppplllllliii")
+    for x, c, s in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        rc = f(cpu.ptr(x), cpu.ptr(c), cpu.ptr(s), cpu.ptr(block_table), cpu.ptr(positions), B, n, Hk, D,
+               k_cache.shape[1], block_table.shape[1], cpu.DTYPE_CODE[x.dtype], CACHE_CODE[c.dtype],
+               cpu.threads_for(x.numel()))
+        cpu.check_rc(rc, "append_kv")
+
+
+def backward(*args):
+    raise NotImplementedError("append_kv has no gradient (inference only)")

@@ -1,0 +1,307 @@
+/* Paged decode attention (one query token per sequence), flash-decoding on the CPU.
+ *
+ * Task = (sequence b, split s): the keys [t0, t1) of split s, for every kv head h and the G = Hq/Hk
+ * query heads sharing it (each K/V byte is read once per call).  Keys go by chunks of CH tokens
+ * through the page table (token t: page block_table[b, t / P], slot t % P); inside a chunk the kv
+ * heads are taken in turn, so the task streams whole token rows (all heads are contiguous in NHD
+ * pages).  Per (chunk, head):
+ *   scores  s[g][i] = <q_g * scale, k_i> (* k_scale_i for int8/fp8: the dequantisation is folded
+ *                     into the score, not applied per element); softcap: cap * tanh(s / cap)
+ *   online softmax  m' = max(m, max_i s), alpha = e^(m - m'), p = e^(s - m'), l = l alpha + sum p
+ *   acc[g] = acc[g] alpha + sum_i p[g][i] (* v_scale_i) v_i
+ * and the next chunk's rows of that head are prefetched into L2 (into L1 they would evict the
+ * chunk being computed: that halved int8 speed).  Every (b, h, s) leaves a partial (m, l, acc) in
+ * fp32; a second pass combines the splits of each (b, h, g):
+ *   M = max m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s   (0 when there is no key).
+ *
+ * Inner loops: keys are converted 16 at a time to fp32 (fp16/bf16/fp32/int8/fp8 at compile time:
+ * the functions are instantiated per cache dtype and per head-block size GB), and GB query heads
+ * share every converted K/V vector (GB accumulators in registers; four dot products are reduced
+ * together).  Head dims that are not multiples of 16 finish with a scalar tail.  fp32 accumulation.
+ * Speed: compute-bound on the 2-core Zen4 test machine (~2 zmm FMAs per K/V element and query
+ * head), not DRAM-bound; see the report in the op's docstring.
+ */
+#include "tessera_cpu.h"
+
+enum { DA_I8 = 8, DA_F8 = 9, CH = 64 };
+#define INL static inline __attribute__((always_inline))
+
+typedef int8_t v16b __attribute__((vector_size(16)));
+typedef uint8_t v16ub __attribute__((vector_size(16)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+INL int cache_es(int cd) { return cd == DA_I8 || cd == DA_F8 ? 1 : tsr_elsize(cd); }
+
+/* 16 cache elements -> fp32 (no scale) */
+INL tsr_v16 ld16(const char *p, const int cd) {
+    if (cd == DA_I8) {
+#ifdef __AVX512F__
+        return (tsr_v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#else
+        v16b b;
+        memcpy(&b, p, 16);
+        return __builtin_convertvector(b, tsr_v16);
+#endif
+    }
+    if (cd == DA_F8) { /* e4m3fn: magnitude bits moved to fp32's exponent/mantissa, times 2^120 */
+        v16ub b;
+        memcpy(&b, p, 16);
+        const tsr_v16u u = __builtin_convertvector(b, tsr_v16u);
+        tsr_v16 f = (tsr_v16)((u & 0x7fu) << 20) * 0x1p120f;
+        tsr_v16u r = (tsr_v16u)f | ((u & 0x80u) << 24);
+        const tsr_v16u nan = (tsr_v16u)((u & 0x7fu) == 0x7fu);
+        return (tsr_v16)((r & ~nan) | (0x7fc00000u & nan));
+    }
+    return tsr_v16_load(p, cd);
+}
+
+INL float ld1(const char *p, const int cd) {
+    if (cd == DA_I8) return (float)*(const int8_t *)p;
+    if (cd == DA_F8) { uint8_t b[16] = {0}; b[0] = *(const uint8_t *)p; return ld16((const char *)b, DA_F8)[0]; }
+    if (cd == TSR_F32) { float f; memcpy(&f, p, 4); return f; }
+    uint16_t h; memcpy(&h, p, 2);
+    return cd == TSR_F16 ? tsr_h2f(h) : tsr_bf2f(h);
+}
+
+INL float hsum(tsr_v16 v) {
+#ifdef __AVX512F__
+    return _mm512_reduce_add_ps((__m512)v);
+#else
+    return tsr_v16_sum(v);
+#endif
+}
+
+/* out[u] = sum of the lanes of a[u], u < n; four vectors at a time share the shuffles */
+INL void hsum_n(const tsr_v16 *a, float *out, const int n) {
+#ifdef __AVX512F__
+    if (n % 4 == 0) {
+        for (int u = 0; u < n; u += 4) {
+            const __m512 x0 = (__m512)a[u], x1 = (__m512)a[u + 1], x2 = (__m512)a[u + 2], x3 = (__m512)a[u + 3];
+            /* 256-bit halves: [x0 lo+hi | x1 lo+hi], [x2 lo+hi | x3 lo+hi] */
+            const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x44), _mm512_shuffle_f32x4(x0, x1, 0xEE));
+            const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(x2, x3, 0x44), _mm512_shuffle_f32x4(x2, x3, 0xEE));
+            /* 128-bit lane k holds 4 partial sums of vector u + k */
+            __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
+            z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+            z = _mm512_add_ps(z, _mm512_permute_ps(z, 0xB1));
+            float f[16];
+            _mm512_storeu_ps(f, z);
+            out[u] = f[0]; out[u + 1] = f[4]; out[u + 2] = f[8]; out[u + 3] = f[12];
+        }
+        return;
+    }
+#endif
+    for (int u = 0; u < n; u++) out[u] = hsum(a[u]);
+}
+
+INL tsr_v16 splat(float x) {
+#ifdef __AVX512F__
+    return (tsr_v16)_mm512_set1_ps(x);
+#else
+    return (tsr_v16){0} + x;
+#endif
+}
+
+INL tsr_v16 ldf(const float *p) { tsr_v16 v; memcpy(&v, p, 64); return v; }
+INL void stf(float *p, tsr_v16 v) { memcpy(p, &v, 64); }
+
+typedef struct {
+    const char *kc, *vc;            /* caches (NB, P, Hk, D) */
+    const float *ks, *vs;           /* scales (NB, P, Hk) or NULL */
+    const int32_t *bt;              /* (B, MB) */
+    int64_t P, Hk, D, MB, G;
+    float softcap;
+} ctx_t;
+
+/* cache rows of the chunk of keys starting at t0, with prefetches of their K/V lines (and scales) */
+INL void rows_of(const ctx_t *c, const int32_t *btrow, int64_t h, int64_t t0, int64_t t1, int64_t *rows,
+                 const int64_t es, const int pf) {
+    const int64_t nc = t1 - t0 < CH ? t1 - t0 : CH, bytes = c->D * es;
+    for (int64_t i = 0; i < nc; i++) {
+        const int64_t t = t0 + i, row = (int64_t)btrow[t / c->P] * c->P + t % c->P;
+        const int64_t off = (row * c->Hk + h) * bytes;
+        rows[i] = row;
+        if (!pf) continue;
+        for (int64_t o = 0; o < bytes; o += 64) {
+            __builtin_prefetch(c->kc + off + o, 0, 2);
+            __builtin_prefetch(c->vc + off + o, 0, 2);
+        }
+        if (pf == 2) {
+            __builtin_prefetch(c->ks + row * c->Hk + h, 0, 3);
+            __builtin_prefetch(c->vs + row * c->Hk + h, 0, 3);
+        }
+    }
+}
+
+/* keys [t0, t1) (at most CH) of sequence b, kv head h, prefetching keys [nt0, nt1); q: G x D fp32
+ * (pre-scaled); m, l: G; acc: G x D (the running state, updated) */
+INL void attend(const ctx_t *c, int64_t b, int64_t h, int64_t t0, int64_t t1, int64_t nt0, int64_t nt1, const float *q, float *m,
+                float *l, float *acc, float *s, const int cd, const int GB) {
+    const int64_t D = c->D, G = c->G, nv = D / 16, es = cache_es(cd);
+    const int quant = cd == DA_I8 || cd == DA_F8;
+    const int32_t *btrow = c->bt + b * c->MB;
+    const char *kr[CH], *vr[CH];
+    float ksc[CH], vsc[CH];
+    int64_t rows[CH], next[CH];
+    /* this chunk's rows; the next chunk's rows of this head are prefetched now, so they arrive
+     * while the Hk heads of this chunk compute */
+    rows_of(c, btrow, h, t0, t1, rows, es, 0);
+    if (nt0 < nt1) rows_of(c, btrow, h, nt0, nt1, next, es, quant ? 2 : 1);
+    {
+        const int64_t nc = t1 - t0;
+        for (int64_t i = 0; i < nc; i++) {
+            const int64_t off = (rows[i] * c->Hk + h) * D * es;
+            kr[i] = c->kc + off; vr[i] = c->vc + off;
+            ksc[i] = quant ? c->ks[rows[i] * c->Hk + h] : 1.0f;
+            vsc[i] = quant ? c->vs[rows[i] * c->Hk + h] : 1.0f;
+        }
+        /* scores */
+        for (int64_t i = 0; i < nc; i++) {
+            for (int64_t g0 = 0; g0 < G; g0 += GB) {
+                tsr_v16 a[GB];
+                for (int u = 0; u < GB; u++) a[u] = (tsr_v16){0};
+                for (int64_t j = 0; j < nv; j++) {
+                    const tsr_v16 kv = ld16(kr[i] + j * 16 * es, cd);
+                    for (int u = 0; u < GB; u++) a[u] = tsr_v16_fma(ldf(q + (g0 + u) * D + j * 16), kv, a[u]);
+                }
+                float hs[GB];
+                hsum_n(a, hs, GB);
+                for (int u = 0; u < GB; u++) {
+                    float d = hs[u];
+                    for (int64_t e = nv * 16; e < D; e++) d += q[(g0 + u) * D + e] * ld1(kr[i] + e * es, cd);
+                    s[(g0 + u) * CH + i] = d * ksc[i];
+                }
+            }
+        }
+        /* online softmax per head */
+        for (int64_t g = 0; g < G; g++) {
+            float *sg = s + g * CH;
+            if (c->softcap > 0.0f)
+                for (int64_t i = 0; i < nc; i++) sg[i] = c->softcap * tanhf(sg[i] / c->softcap);
+            float mx = m[g];
+#pragma omp simd reduction(max : mx)
+            for (int64_t i = 0; i < nc; i++) mx = sg[i] > mx ? sg[i] : mx;
+            const float alpha = tsr_expf(m[g] - mx);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t i = 0; i < nc; i++) {
+                const float p = tsr_expf(sg[i] - mx);
+                sum += p;
+                sg[i] = p * vsc[i];
+            }
+            l[g] = l[g] * alpha + sum;
+            m[g] = mx;
+            if (alpha != 1.0f)
+#pragma omp simd
+                for (int64_t d = 0; d < D; d++) acc[g * D + d] *= alpha;
+        }
+        /* acc += p v */
+        for (int64_t j = 0; j < nv; j++) {
+            for (int64_t g0 = 0; g0 < G; g0 += GB) {
+                tsr_v16 a[GB];
+                for (int u = 0; u < GB; u++) a[u] = ldf(acc + (g0 + u) * D + j * 16);
+                for (int64_t i = 0; i < nc; i++) {
+                    const tsr_v16 vv = ld16(vr[i] + j * 16 * es, cd);
+                    for (int u = 0; u < GB; u++) a[u] = tsr_v16_fma(splat(s[(g0 + u) * CH + i]), vv, a[u]);
+                }
+                for (int u = 0; u < GB; u++) stf(acc + (g0 + u) * D + j * 16, a[u]);
+            }
+        }
+        for (int64_t e = nv * 16; e < D; e++)
+            for (int64_t i = 0; i < nc; i++) {
+                const float x = ld1(vr[i] + e * es, cd);
+                for (int64_t g = 0; g < G; g++) acc[g * D + e] += s[g * CH + i] * x;
+            }
+    }
+}
+
+#define GB_DISPATCH(cdv)                                                                             \
+    do {                                                                                             \
+        if (G % 8 == 0) attend(c, b, h, t0, t1, nt0, nt1, q, m, l, acc, s, cdv, 8);                             \
+        else if (G % 4 == 0) attend(c, b, h, t0, t1, nt0, nt1, q, m, l, acc, s, cdv, 4);                        \
+        else if (G % 2 == 0) attend(c, b, h, t0, t1, nt0, nt1, q, m, l, acc, s, cdv, 2);                        \
+        else attend(c, b, h, t0, t1, nt0, nt1, q, m, l, acc, s, cdv, 1);                                        \
+    } while (0)
+
+static void attend_any(const ctx_t *c, int64_t b, int64_t h, int64_t t0, int64_t t1, int64_t nt0, int64_t nt1,
+                       const float *q, float *m,
+                       float *l, float *acc, float *s, int cd) {
+    const int64_t G = c->G;
+    switch (cd) {
+    case TSR_F32: GB_DISPATCH(TSR_F32); break;
+    case TSR_F16: GB_DISPATCH(TSR_F16); break;
+    case TSR_BF16: GB_DISPATCH(TSR_BF16); break;
+    case DA_I8: GB_DISPATCH(DA_I8); break;
+    default: GB_DISPATCH(DA_F8); break;
+    }
+}
+
+/* q (B, Hq, D) contiguous of q_dtype; out likewise; seq_lens (B,); S splits per (b, h);
+ * part: B*Hk*S*G*(D+2) floats of scratch (m, l, acc per split). */
+int tsr_decode_attention(const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
+                         const int32_t *bt, const int32_t *seq_lens, void *out, float *part,
+                         int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t P, int64_t MB, int64_t S,
+                         float scale, float softcap, int64_t window, int q_dtype, int c_dtype, int nthreads) {
+    const ctx_t cx = {(const char *)kc, (const char *)vc, ks, vs, bt, P, Hk, D, MB, Hq / Hk, softcap};
+    const ctx_t *c = &cx;
+    const int64_t G = Hq / Hk, qes = tsr_elsize(q_dtype), PS = G * (D + 2), tasks = B * S;
+    int failed = 0;
+#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
+    {
+        float *qs = tsr_scratch(Hq * D), *s = tsr_scratch(G * CH), *o = tsr_scratch(D);
+        if (!qs || !s || !o) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            if (failed) continue;
+            const int64_t sp = task % S, b = task / S;
+            const int64_t n = seq_lens[b], lo = window > 0 && n > window ? n - window : 0;
+            const int64_t per = (n - lo + S - 1) / S;
+            const int64_t t0 = lo + sp * per, t1 = t0 + per < n ? t0 + per : n;
+            for (int64_t h = 0; h < Hk; h++) {
+                float *m = part + ((b * Hk + h) * S + sp) * PS, *l = m + G, *acc = l + G;
+                for (int64_t g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.0f; }
+                memset(acc, 0, (size_t)(G * D) * sizeof(float));
+            }
+            if (t0 >= t1) continue;
+            tsr_load_f32(qs, (const char *)q + b * Hq * D * qes, Hq * D, q_dtype);
+            for (int64_t e = 0; e < Hq * D; e++) qs[e] *= scale;
+            /* chunks of keys in the outer loop, kv heads inside: a token's K (V) rows of all heads are
+             * contiguous, so the task streams whole pages through the cache */
+            for (int64_t c0 = t0; c0 < t1; c0 += CH) {
+                const int64_t c1 = c0 + CH < t1 ? c0 + CH : t1;
+                for (int64_t h = 0; h < Hk; h++) {
+                    float *m = part + ((b * Hk + h) * S + sp) * PS, *l = m + G, *acc = l + G;
+                    const int64_t n1 = c1 + CH < t1 ? c1 + CH : t1;
+                    attend_any(c, b, h, c0, c1, c1, n1, qs + h * G * D, m, l, acc, s, c_dtype);
+                }
+            }
+        }
+        /* implicit barrier: every partial is written */
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * Hk; bh++) {
+            if (failed) continue;
+            for (int64_t g = 0; g < G; g++) {
+                float M = -INFINITY, L = 0.0f;
+                for (int64_t sp = 0; sp < S; sp++) {
+                    const float mv = part[(bh * S + sp) * PS + g];
+                    M = mv > M ? mv : M;
+                }
+                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+                if (M != -INFINITY) {
+                    for (int64_t sp = 0; sp < S; sp++) {
+                        const float *pm = part + (bh * S + sp) * PS;
+                        const float w = tsr_expf(pm[g] - M);
+                        L += w * pm[G + g];
+                        const float *pa = pm + 2 * G + g * D;
+                        for (int64_t d = 0; d < D; d++) o[d] += w * pa[d];
+                    }
+                    const float inv = 1.0f / L;
+                    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+                }
+                tsr_store_conv((char *)out + (bh * G + g) * D * qes, o, D, q_dtype);
+            }
+        }
+        free(qs); free(s); free(o);
+    }
+    return failed ? TSR_ENOMEM : TSR_OK;
+}
