@@ -38,7 +38,7 @@ from ..._library import direct
 from ..._registry import BackendError, OpSpec, register_op, select
 from ..append_kv import check_cache_pair, check_index, check_pages, host_ints
 from .cases import bench_cases, cases
-from .ref import decode_attention_eager, decode_attention_ref
+from .ref import decode_attention_eager, decode_attention_ref, keys_read
 
 OP = "decode_attention"
 
@@ -118,9 +118,7 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: T
 
 
 def _kv_keys(kw):
-    n = kw["seq_lens"].long()
-    w = kw.get("window", -1)
-    return int((n.clamp(max=w) if w > 0 else n).sum())
+    return int(keys_read(kw["seq_lens"], kw.get("window", -1)).sum())
 
 
 def _bytes_fwd(kw):

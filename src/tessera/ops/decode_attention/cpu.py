@@ -11,6 +11,7 @@ import torch
 from ..._library import new_output
 from ...backends import cpu
 from ..append_kv.ref import CACHE_DTYPES  # noqa: F401  (every cache dtype)
+from .ref import keys_read
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("decode_attention.c")
@@ -29,8 +30,7 @@ def forward(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, 
     if B == 0:
         return out
     if max_keys is None:
-        n = seq_lens.long()
-        max_keys = int((n.clamp(max=window) if window > 0 else n).max())
+        max_keys = int(keys_read(seq_lens, window).max())
     T = cpu.threads_for(B * Hq * D * max(1, max_keys) // 4)
     S = splits(B, max_keys, T)
     part = torch.empty(B * Hk * S * (Hq // Hk) * (D + 2), dtype=torch.float32)

@@ -91,6 +91,12 @@ def decode_attention_eager(q, k_cache, v_cache, block_table, seq_lens, scale=Non
 
 # ---------------------------------------------------------------- reference backend kernel
 
+def keys_read(seq_lens, window: int) -> torch.Tensor:
+    """Keys each sequence attends to: its length, or the last ``window`` of them."""
+    n = seq_lens.long()
+    return n.clamp(max=window) if window > 0 else n
+
+
 def forward(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale, max_keys=None):
     return decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale,
                                 v_scale).to(q.dtype)

@@ -21,6 +21,7 @@ import triton.language as tl
 from ..._library import new_output
 from ...backends.triton import interpreted, next_pow2
 from ..append_kv.ref import CACHE_DTYPES  # noqa: F401  (every cache dtype, fp8 via uint8)
+from .ref import keys_read
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KIND = {torch.int8: 1, torch.float8_e4m3fn: 2}
@@ -128,8 +129,7 @@ def forward(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, 
     if B == 0:
         return out
     if max_keys is None:
-        n = seq_lens.long()
-        max_keys = int((n.clamp(max=window) if window > 0 else n).max())
+        max_keys = int(keys_read(seq_lens, window).max())
     S = _splits(B, Hk, max_keys, q.device)
     kind = _KIND.get(k_cache.dtype, 0)
     kc, vc = (k_cache.view(torch.uint8), v_cache.view(torch.uint8)) if kind == 2 else (k_cache, v_cache)
