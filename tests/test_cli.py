@@ -130,3 +130,17 @@ def test_bench_reexecs_once_with_malloc_tuning(monkeypatch):
     monkeypatch.delenv("TESSERA_BENCH_REEXEC")
     cli._maybe_reexec(cli.build_parser().parse_args(["bench", "--no-malloc-tuning"]))
     assert len(calls) == 1
+
+
+def test_quick_shape_scale_shrinks_only_row_ops():
+    """--quick cuts the row dimension of row-wise ops; ops with index/sequence structure (paged
+    caches, block tables, seq_lens) would become inconsistent, so they keep their shapes."""
+    def shapes(name, scale):
+        spec = tessera.OPS[name]
+        case = next(c for c in spec.cases if not c.tags)
+        kw = runner.make_inputs(spec, case, torch.float32, torch.device("cpu"), scale)
+        return {k: tuple(v.shape) for k, v in kw.items() if isinstance(v, torch.Tensor)}
+
+    full, half = shapes("rms_norm", 1.0), shapes("rms_norm", 0.5)
+    assert half["x"][0] == max(1, round(full["x"][0] * 0.5)) and half["weight"] == full["weight"]
+    assert shapes("decode_attention", 0.5) == shapes("decode_attention", 1.0)

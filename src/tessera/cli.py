@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-large", action="store_true", help="skip cases tagged 'large'")
     c.add_argument("--no-grad", action="store_true", help="forward outputs only")
     b = sub.add_parser("bench", help="tessera vs eager vs torch.compile on the measured roofline")
-    b.add_argument("--quick", action="store_true", help="1/4 of the rows per shape, fewer repeats (~1-2 min)")
+    b.add_argument("--quick", action="store_true", help="1/4 of the rows of row-wise ops, fewer repeats (~4 min on 2 cores)")
     b.add_argument("--op", action="append", help="op(s), comma-separated (default: all registered)")
     b.add_argument("--dtype", action="append", help="dtype(s), comma-separated (default: fp32,bf16)")
     b.add_argument("--backend", action="append", help="tessera backend(s) to time (default: cpu)")

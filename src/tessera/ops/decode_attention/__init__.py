@@ -18,11 +18,10 @@ task serving the whole GQA group so every K/V byte is read once.
 
 Roofline (bytes that must cross DRAM): the K and V rows attended (+ their scales), q and out.
 
-Measured (``python -m tessera.ops.decode_attention._bench``, 2-core Zen4 VM shared with other
-jobs, load average ~7, bf16 q, Hq 32, Hk 8, D 128, page 16): 64 MiB of bf16 KV (B=1 x 16384 or
-B=16 x 1024 tokens) in ~24 ms, 18-24x faster than gather + SDPA in the same run, but only 25-40%
-of the NT-copy rate measured alongside (which itself swung between 4 and 36 GB/s): the kernel is
-compute-bound here.  int8 KV takes the same time as bf16 (half the bytes, same FMAs).
+Measured (``tessera bench --op decode_attention``, benchmarks/results/2026-12-03-cpu): 64 MiB of
+bf16 KV (B=1 x 16384 tokens) in 6.2 ms, 31x faster than gather + SDPA in the same run but only
+19% of an NT copy of the same bytes: the kernel is compute-bound (~100 ns of one thread per
+token per kv head).  int8 KV is not faster than bf16 yet (half the bytes, same FMAs).
 """
 from __future__ import annotations
 
