@@ -71,8 +71,8 @@ class OpSpec:
     bytes_bwd: Callable[[dict], int] | None = None
     flops_fwd: Callable[[dict], int] | None = None
     flops_bwd: Callable[[dict], int] | None = None
-    # which roofline `tessera bench` states the speed against: "memory" (GB/s vs the copy
-    # bandwidth measured in the same run) or "compute" (TFLOP/s vs the measured fp32 matmul peak)
+    # which ceiling `tessera bench` states the speed against: "memory" (GB/s vs an NT copy of
+    # the row's bytes) or "compute" (GFLOP/s vs an fp32 matmul), each timed with the row
     bound: str = "memory"
     bench_cases: list[Case] = dataclasses.field(default_factory=list)
     # per-output fp32 tolerance override {output index: (rtol, atol)} with a written reason

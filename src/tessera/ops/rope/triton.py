@@ -48,9 +48,10 @@ def _rope_kernel(x_ptr, sxb, sxs, sxh, o_ptr, cos_ptr, sin_ptr, scs, sss, pos_pt
                 p = tl.load(pos_ptr + b * spb + s * sps).to(tl.int64)
             else:
                 p = s
-            ok = (p >= 0) & (p < P)
-            c = tl.load(cos_ptr + p * scs + j, mask=jm & ok, other=0.0)
-            sn = tl.load(sin_ptr + p * sss + j, mask=jm & ok, other=0.0)
+            pj = p + 0 * j  # the position as a block: a scalar & block mask is not a valid
+            tm = jm & (pj >= 0) & (pj < P)  # load mask for every triton (3.9's interpreter rejects it)
+            c = tl.load(cos_ptr + p * scs + j, mask=tm, other=0.0)
+            sn = tl.load(sin_ptr + p * sss + j, mask=tm, other=0.0)
             if F64:
                 c = c.to(tl.float64)
                 sn = sn.to(tl.float64) * sign
