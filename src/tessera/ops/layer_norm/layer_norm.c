@@ -25,28 +25,7 @@
  * stores through the AVX512_BF16 instruction where the CPU has it; a missing weight
  * is a row of ones and a missing bias a row of zeros (exact).
  */
-#include "tessera_cpu.h"
-
-#define ROWS static inline __attribute__((always_inline)) void
-/* fn(args..., flag, dtype) with flag and dtype as compile-time constants */
-#define DISPATCH_DT(fn, dtype, flag, ...)                                         \
-    do {                                                                          \
-        if ((dtype) == TSR_F32) fn(__VA_ARGS__, flag, TSR_F32);                   \
-        else if ((dtype) == TSR_F16) fn(__VA_ARGS__, flag, TSR_F16);              \
-        else if (tsr_bf16_hw()) fn(__VA_ARGS__, flag, TSR_BF16HW);                \
-        else fn(__VA_ARGS__, flag, TSR_BF16);                                     \
-    } while (0)
-#define DISPATCH(fn, dtype, flag, ...)                                            \
-    do {                                                                          \
-        if (flag) DISPATCH_DT(fn, dtype, 1, __VA_ARGS__);                         \
-        else DISPATCH_DT(fn, dtype, 0, __VA_ARGS__);                              \
-    } while (0)
-
-/* Rows are handed out in chunks of contiguous rows (see rms_norm.c). */
-static inline int64_t chunk_rows(int64_t M, int T) {
-    int64_t c = M / (8 * (int64_t)T);
-    return c < 1 ? 1 : (c > 32 ? 32 : c);
-}
+#include "tessera_rows.h"
 
 /* p, or a row of `v` when p is absent */
 static float *const_row(const float *p, int64_t Np, float v) {
