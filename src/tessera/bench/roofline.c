@@ -24,8 +24,11 @@ static void tsr_bench_slice(int64_t bytes, int nthreads, int tid, int64_t *start
     *len = e - s;
 }
 
-/* Copy `bytes` from src to dst `reps` times with streaming stores; returns TSR_OK. */
-int tsr_bench_copy_nt(void *dst, const void *src, int64_t bytes, int64_t reps, int threads) {
+/* Each thread copies its slice `reps` times with `copy`; the join drains the stores. */
+typedef void (*tsr_copy_fn)(char *, const char *, int64_t);
+
+static int tsr_bench_run(tsr_copy_fn copy, void *dst, const void *src, int64_t bytes, int64_t reps,
+                         int threads) {
     if (bytes < 0 || reps < 0) return TSR_EINVAL;
     int nt = tsr_threads(threads);
     for (int64_t r = 0; r < reps; r++) {
@@ -38,11 +41,21 @@ int tsr_bench_copy_nt(void *dst, const void *src, int64_t bytes, int64_t reps, i
 #endif
             int64_t s, len;
             tsr_bench_slice(bytes, n, tid, &s, &len);
-            if (len > 0) tsr_stream_copy((char *)dst + s, (const char *)src + s, len);
-            tsr_sfence(); /* streaming stores are weakly ordered: drain before the join */
+            if (len > 0) copy((char *)dst + s, (const char *)src + s, len);
         }
     }
     return TSR_OK;
+}
+
+/* streaming stores are weakly ordered: drain them before the join */
+static void tsr_bench_nt(char *d, const char *s, int64_t n) {
+    tsr_stream_copy(d, s, n);
+    tsr_sfence();
+}
+
+/* Copy `bytes` from src to dst `reps` times with streaming stores; returns TSR_OK. */
+int tsr_bench_copy_nt(void *dst, const void *src, int64_t bytes, int64_t reps, int threads) {
+    return tsr_bench_run(tsr_bench_nt, dst, src, bytes, reps, threads);
 }
 
 /* Ordinary (write-allocate) stores.  Not memcpy: glibc switches to streaming stores
@@ -65,20 +78,5 @@ static void tsr_bench_plain(char *restrict d, const char *restrict s, int64_t n)
 
 /* Same slicing, ordinary stores: the rate a kernel without NT stores sees. */
 int tsr_bench_copy_plain(void *dst, const void *src, int64_t bytes, int64_t reps, int threads) {
-    if (bytes < 0 || reps < 0) return TSR_EINVAL;
-    int nt = tsr_threads(threads);
-    for (int64_t r = 0; r < reps; r++) {
-#pragma omp parallel num_threads(nt)
-        {
-            int tid = 0, n = 1;
-#ifdef _OPENMP
-            tid = omp_get_thread_num();
-            n = omp_get_num_threads();
-#endif
-            int64_t s, len;
-            tsr_bench_slice(bytes, n, tid, &s, &len);
-            if (len > 0) tsr_bench_plain((char *)dst + s, (const char *)src + s, len);
-        }
-    }
-    return TSR_OK;
+    return tsr_bench_run(tsr_bench_plain, dst, src, bytes, reps, threads);
 }

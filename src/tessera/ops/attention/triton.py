@@ -87,6 +87,14 @@ def _scores(q, k, rows, cols, Lq, Lk, off, scale, softcap, wl, wr,
 
 
 @triton.jit
+def _seq_bounds(cu_q, cu_k, b):
+    """Start and length of sequence b's queries and keys (int64: offsets never overflow)."""
+    q0 = tl.load(cu_q + b).to(tl.int64)
+    k0 = tl.load(cu_k + b).to(tl.int64)
+    return q0, tl.load(cu_q + b + 1).to(tl.int64) - q0, k0, tl.load(cu_k + b + 1).to(tl.int64) - k0
+
+
+@triton.jit
 def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q, cu_k,
                      sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
                      Tq, Hq, D, group, scale, softcap, wl, wr,
@@ -96,10 +104,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q, cu_k,
     pid_m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    q0 = tl.load(cu_q + b).to(tl.int64)
-    Lq = tl.load(cu_q + b + 1).to(tl.int64) - q0
-    k0 = tl.load(cu_k + b).to(tl.int64)
-    Lk = tl.load(cu_k + b + 1).to(tl.int64) - k0
+    q0, Lq, k0, Lk = _seq_bounds(cu_q, cu_k, b)
     m0 = pid_m * BLOCK_M
     if m0 < Lq:
         off = Lk - Lq

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..._library import new_output
 from ...backends.triton import interpreted, next_pow2
-from .triton import _check_dim, _round_bf16, _scores, block_d, flags, unit_last
+from .triton import _check_dim, _round_bf16, _scores, _seq_bounds, block_d, flags, unit_last
 
 
 @triton.jit
@@ -69,10 +69,7 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dk_ptr, 
     pid_n = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    q0 = tl.load(cu_q + b).to(tl.int64)
-    Lq = tl.load(cu_q + b + 1).to(tl.int64) - q0
-    k0 = tl.load(cu_k + b).to(tl.int64)
-    Lk = tl.load(cu_k + b + 1).to(tl.int64) - k0
+    q0, Lq, k0, Lk = _seq_bounds(cu_q, cu_k, b)
     n0 = pid_n * BLOCK_N
     if n0 < Lk:
         off = Lk - Lq
@@ -137,10 +134,7 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dq_ptr, cu
     pid_m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    q0 = tl.load(cu_q + b).to(tl.int64)
-    Lq = tl.load(cu_q + b + 1).to(tl.int64) - q0
-    k0 = tl.load(cu_k + b).to(tl.int64)
-    Lk = tl.load(cu_k + b + 1).to(tl.int64) - k0
+    q0, Lq, k0, Lk = _seq_bounds(cu_q, cu_k, b)
     m0 = pid_m * BLOCK_M
     if m0 < Lq:
         off = Lk - Lq

@@ -27,6 +27,7 @@ from ... import _checks
 from ..._library import rows, direct
 from ..._registry import Case, OpSpec, register_op, select
 from ...testing import cases as C
+from ..rms_norm import norm_bytes_bwd, norm_bytes_fwd  # the same roofline: one pass over rows
 from .ref import layer_norm_eager, layer_norm_ref
 
 OP = "layer_norm"
@@ -176,18 +177,6 @@ def _cases():
     return out
 
 
-def _bytes_fwd(kw):
-    x = kw["x"]
-    n = 2 + (2 if kw.get("residual") is not None else 0)  # read x (+res), write y (+h)
-    return n * x.numel() * x.element_size()
-
-
-def _bytes_bwd(kw):
-    x = kw["x"]
-    n = 3 + (1 if kw.get("residual") is not None else 0)  # read dy, h (+dh), write dx
-    return n * x.numel() * x.element_size()
-
-
 def _bench_cases():
     return [_build("8192x4096", (8192, 4096), "contig", set()),
             _build("8192x4096", (8192, 4096), "contig", set(), residual=True)]
@@ -198,7 +187,7 @@ SPEC = register_op(OpSpec(
     kernels={"reference": "tessera.ops.layer_norm.ref", "cpu": "tessera.ops.layer_norm.cpu",
              "triton": "tessera.ops.layer_norm.triton"},
     cases=_cases(), grad_inputs=("x", "weight", "bias", "residual"),
-    bytes_fwd=_bytes_fwd, bytes_bwd=_bytes_bwd,
+    bytes_fwd=norm_bytes_fwd, bytes_bwd=norm_bytes_bwd,
     flops_fwd=lambda kw: 6 * kw["x"].numel(),
     bench_cases=_bench_cases(),
     # dweight/dbias sum over all rows: fp32 error grows ~sqrt(rows); give it room proportional to that.

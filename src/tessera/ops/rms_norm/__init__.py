@@ -143,13 +143,15 @@ def _cases():
     return out
 
 
-def _bytes_fwd(kw):
+def norm_bytes_fwd(kw):
+    """Roofline of a row norm (rms_norm, layer_norm) forward: per-feature parameters and
+    per-row statistics are O(N) / O(M) and not counted."""
     x = kw["x"]
     n = 2 + (2 if kw.get("residual") is not None else 0)  # read x (+res), write y (+h)
     return n * x.numel() * x.element_size()
 
 
-def _bytes_bwd(kw):
+def norm_bytes_bwd(kw):
     x = kw["x"]
     n = 3 + (1 if kw.get("residual") is not None else 0)  # read dy, h (+dh), write dx
     return n * x.numel() * x.element_size()
@@ -165,7 +167,7 @@ SPEC = register_op(OpSpec(
     kernels={"reference": "tessera.ops.rms_norm.ref", "cpu": "tessera.ops.rms_norm.cpu",
              "triton": "tessera.ops.rms_norm.triton"},
     cases=_cases(), grad_inputs=("x", "weight", "residual"),
-    bytes_fwd=_bytes_fwd, bytes_bwd=_bytes_bwd,
+    bytes_fwd=norm_bytes_fwd, bytes_bwd=norm_bytes_bwd,
     flops_fwd=lambda kw: 4 * kw["x"].numel(),
     bench_cases=_bench_cases(),
     # dweight sums over all rows: fp32 error grows ~sqrt(rows); give it room proportional to that.
