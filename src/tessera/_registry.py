@@ -73,7 +73,9 @@ class OpSpec:
     flops_bwd: Callable[[dict], int] | None = None
     # which ceiling `tessera bench` states the speed against: "memory" (GB/s vs an NT copy of
     # the row's bytes) or "compute" (GFLOP/s vs an fp32 matmul), each timed with the row
-    bound: str = "memory"
+    # the row's own ceiling, timed in the same interleaved loop as the contenders; may also be a
+    # function of the kwargs (a quantized GEMV is memory-bound, the same op's GEMM compute-bound)
+    bound: str | Callable[[dict], str] = "memory"
     bench_cases: list[Case] = dataclasses.field(default_factory=list)
     # per-output fp32 tolerance override {output index: (rtol, atol)} with a written reason
     fp32_tol: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -89,6 +91,11 @@ class OpSpec:
     # (tests/test_checker.py) cannot patch such outputs, so these ops carry their own
     # golden-vector and cross-backend bit-exactness tests
     mutates: tuple[str, ...] = ()
+    # other libraries' kernels timed beside eager/compile in forward bench rows, e.g. torch's
+    # int8/int4 CPU GEMMs or ONNX Runtime: {name: factory(kwargs) -> no-arg callable, or a str
+    # saying why the peer cannot run here}.  Factories do their one-off setup (weight packing,
+    # session building) outside the timed region.
+    peers: dict[str, Callable[[dict], Any]] = dataclasses.field(default_factory=dict)
 
 
 OPS: dict[str, OpSpec] = {}

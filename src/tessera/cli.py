@@ -236,7 +236,7 @@ def cmd_bench(args, parser, argv_list) -> int:
     try:
         bench.run(ops=_ops(parser, args.op), dtypes=_dtypes(parser, args.dtype, ["fp32", "bf16"]),
                   backends=backends, out_dir=args.out, repeats=repeats, quick=args.quick, shape_scale=scale,
-                  tiny=args.tiny, command=argv_list)
+                  tiny=args.tiny, extended=args.extended, command=argv_list)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -260,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", action="append", help="dtype(s), comma-separated (default: fp32,bf16)")
     b.add_argument("--backend", action="append", help="tessera backend(s) to time (default: cpu)")
     b.add_argument("--out", default="bench-out", help="directory for bench.json and bench.png (default: bench-out)")
+    b.add_argument("--extended", action="store_true",
+                   help="also the long bench cases (tagged 'extended': e.g. attention batch 1-4 x seq 512-4096)")
     b.add_argument("--repeats", type=int, help="timed samples per contender (default 10, --quick 5)")
     b.add_argument("--threads", type=int, help="torch/OpenMP threads (default: torch's)")
     b.add_argument("--no-malloc-tuning", action="store_true",

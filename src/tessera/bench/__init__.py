@@ -31,7 +31,7 @@ def malloc_tuned() -> bool:
 
 
 def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, quick: bool = False,
-        shape_scale: float = 1.0, tiny: bool = False, command: list[str] | None = None,
+        shape_scale: float = 1.0, tiny: bool = False, extended: bool = False, command: list[str] | None = None,
         log: Callable[[str], None] = print) -> dict:
     """Run the benchmark and write ``bench.json`` + ``bench.png`` into ``out_dir``; returns the report."""
     import torch
@@ -52,7 +52,7 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
             raise ValueError("tessera bench: benchmark the triton backend (GPU) and CPU backends in separate runs")
         device = torch.device("cuda")
     specs = [OPS[n] for n in (ops or sorted(OPS))]
-    todo, notes = runner.plans(specs, dtypes, backends, device)
+    todo, notes = runner.plans(specs, dtypes, backends, device, extended=extended)
     t_start = time.time()
     probe_mib = 16 if tiny else 256
     probe_reps = 3 if tiny else (8 if quick else 15)

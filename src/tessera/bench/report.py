@@ -7,8 +7,8 @@ Derived per row (all from medians measured in the same run):
 * ``gflops``        -- compute-bound ops (``OpSpec.bound == "compute"``): FLOPs / median time;
 * ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: an NT copy of the
   same bytes, or an fp32 matmul, timed interleaved with the contenders);
-* ``speedup``       -- eager time / tessera time and compile time / tessera time
-  (> 1 means tessera is faster).
+* ``speedup``       -- eager time / tessera time and compile time / tessera time, and the
+  same for every peer of the row (``OpSpec.peers``) (> 1 means tessera is faster).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def finish_row(row: dict, roof_gbps: float) -> dict:
     row["speedup"] = {}
     for k, v in ms.items():
         if k.startswith("tessera-") and v:
-            row["speedup"][k] = {b: (ms[b] / v if ms.get(b) else None) for b in ("eager", "compile")}
+            row["speedup"][k] = {b: (ms[b] / v if ms.get(b) else None) for b in ms if not b.startswith("tessera-")}
     return row
 
 
@@ -105,7 +105,7 @@ def progress_line(i: int, n: int, row: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ["op", "case", "shape", "dtype", "dir", "backend", "tessera ms", "eager ms", "compile ms",
-            "rate", "roof", "%roof", "eager %roof", "compile %roof", "x eager", "x compile"]
+            "rate", "roof", "%roof", "eager %roof", "compile %roof", "x eager", "x compile", "x peers"]
     lines = []
     for r in rows:
         for k, v in r["ms"].items():
@@ -116,9 +116,10 @@ def table(rows: list[dict]) -> str:
                           _f(r["ms"].get("eager"), ".3f", "ERR"), _f(r["ms"].get("compile"), ".3f", "ERR"),
                           _rate(r, k), _roof(r), _f(r["pct_roofline"][k], ".0f"),
                           _f(r["pct_roofline"].get("eager"), ".0f"), _f(r["pct_roofline"].get("compile"), ".0f"),
-                          _f(sp.get("eager"), ".2f"), _f(sp.get("compile"), ".2f")])
+                          _f(sp.get("eager"), ".2f"), _f(sp.get("compile"), ".2f"),
+                          " ".join(f"{b} {_f(x, '.2f')}" for b, x in sp.items() if b not in ("eager", "compile")) or "-"])
     widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i < 6 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    fmt = lambda cells: "  ".join(c.ljust(w) if i < 6 or i == len(head) - 1 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(ln) for ln in lines])
 
 

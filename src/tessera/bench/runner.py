@@ -9,6 +9,8 @@ interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
 * ``tessera``  -- ``spec.fn(**inputs, backend=<backend>)``;
 * ``eager``    -- ``spec.eager`` (what a user writes in plain PyTorch, input dtype);
 * ``compile``  -- ``torch.compile(spec.eager, fullgraph=True, dynamic=False)``;
+* peers        -- forward rows only: other libraries' kernels from ``spec.peers`` (torch's
+  int8/int4 CPU GEMMs, ONNX Runtime), each prepared once outside the timed loop;
 * the ceiling  -- memory-bound ops (``spec.bound == "memory"``): a non-temporal C copy
   moving the row's byte count (read + written); compute-bound ops: an fp32
   ``torch.matmul`` (see :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM
@@ -60,14 +62,18 @@ def dtype_name(dt: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dt, str(dt).replace("torch.", ""))
 
 
-def plans(ops: list[OpSpec], dtypes, backends, device: torch.device, directions=DIRECTIONS) -> tuple[list[Plan], list[str]]:
-    """Every measurement to make, and a note for each combination that cannot run here."""
+def plans(ops: list[OpSpec], dtypes, backends, device: torch.device, directions=DIRECTIONS,
+          extended: bool = False) -> tuple[list[Plan], list[str]]:
+    """Every measurement to make, and a note for each combination that cannot run here.
+    Bench cases tagged ``extended`` (long, e.g. batch-4 seq-4096 attention) run only when asked."""
     out, notes = [], []
     for spec in ops:
         if not spec.bench_cases or spec.bytes_fwd is None:
             notes.append(f"{spec.name}: no bench_cases/bytes_fwd in its spec, not benchmarked")
             continue
         for case in spec.bench_cases:
+            if "extended" in case.tags and not extended:
+                continue
             for dt in dtypes:
                 if dt not in spec.dtypes:
                     notes.append(f"{spec.name}: dtype {dtype_name(dt)} not in the op's dtypes")
@@ -166,9 +172,21 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     fns = _contenders(p, compiled)
     errors: dict[str, str] = {}
     calls = _fwd_callables(fns, kw) if p.direction == "fwd" else _bwd_callables(p, fns, kw, errors)
+    if p.direction == "fwd":
+        for name, factory in p.spec.peers.items():
+            try:
+                peer = factory(kw)
+            except Exception as e:  # a peer that fails to set up is reported, not fatal
+                peer = timing._err(e)
+            if isinstance(peer, str):
+                errors[name] = peer
+                continue
+            fns[name] = peer
+            calls[name] = _fwd_callables({name: lambda f=peer: f()}, {})[name]
     nbytes = (p.spec.bytes_fwd if p.direction == "fwd" else p.spec.bytes_bwd)(kw)
     flops_fn = p.spec.flops_fwd if p.direction == "fwd" else p.spec.flops_bwd
-    flops = flops_fn(kw) if (p.spec.bound == "compute" and flops_fn is not None) else None
+    bound = p.spec.bound(kw) if callable(p.spec.bound) else p.spec.bound
+    flops = flops_fn(kw) if (bound == "compute" and flops_fn is not None) else None
     # the row's own ceiling, timed in the same interleaved loop as the contenders, so drift of
     # the machine (other tenants, frequency) moves the ceiling and the op together
     ceiling = roofline.ceiling_callable("compute" if flops else "memory", nbytes, device)

@@ -10,53 +10,23 @@
  *   amax = max |x| (NaN counts as 0), scale = max(amax, 1e-12f) / QMAX (IEEE division),
  *   q = x / scale (IEEE division: this file is built without -ffast-math/-freciprocal-math,
  *   so the compiler keeps the divides), NaN -> 0, clamp to +-QMAX, then
- *   int8: rintf (round half to even in the default rounding mode), e4m3fn: fp8_rne below.
+ *   int8: rintf (round half to even in the default rounding mode), e4m3fn: RNE encode
+ *   (both in csrc/tessera_quant.h, shared with the quantisation kernels).
  */
-#include "tessera_cpu.h"
+#include "tessera_quant.h"
 
 enum { AKV_I8 = 8, AKV_F8 = 9 };
 
-/* fp32 (|q| <= 448, not NaN) -> OCP e4m3fn bits, round to nearest even, subnormals included. */
-static inline uint8_t fp8_e4m3_rne(float q) {
-    const float a = fabsf(q);
-    const uint32_t u = tsr_bits(a), sign = (tsr_bits(q) >> 24) & 0x80u;
-    uint32_t code;
-    if (a < 0.015625f) {                      /* below 2^-6: multiples of 2^-9 (8 -> min normal) */
-        code = (uint32_t)rintf(a * 512.0f);
-    } else {
-        const uint32_t r = u + 0x7ffffu + ((u >> 20) & 1u);   /* RNE to 3 mantissa bits */
-        code = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
-    }
-    return (uint8_t)(code | sign);
-}
-
 static void quant_row(const float *x, int64_t D, int fmt, void *dst, float *scale_out) {
-    float amax = 0.0f;
-    for (int64_t d = 0; d < D; d++) {
-        float a = fabsf(x[d]);
-        a = a != a ? 0.0f : a;
-        amax = a > amax ? a : amax;
-    }
     const float qmax = fmt == AKV_I8 ? 127.0f : 448.0f;
-    const float scale = fmaxf(amax, 1e-12f) / qmax;
+    const float scale = tsr_scale_for(tsr_absmax(x, D), qmax);
     *scale_out = scale;
     if (fmt == AKV_I8) {
         int8_t *o = (int8_t *)dst;
-#pragma omp simd
-        for (int64_t d = 0; d < D; d++) {
-            float q = x[d] / scale;
-            q = q != q ? 0.0f : q;
-            q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
-            o[d] = (int8_t)(int)rintf(q);
-        }
+        for (int64_t d = 0; d < D; d++) o[d] = (int8_t)tsr_quant_int(x[d] / scale, -127.0f, 127.0f);
     } else {
         uint8_t *o = (uint8_t *)dst;
-        for (int64_t d = 0; d < D; d++) {
-            float q = x[d] / scale;
-            q = q != q ? 0.0f : q;
-            q = q < -448.0f ? -448.0f : (q > 448.0f ? 448.0f : q);
-            o[d] = fp8_e4m3_rne(q);
-        }
+        for (int64_t d = 0; d < D; d++) o[d] = tsr_f32_to_e4m3(x[d] / scale);
     }
 }
 

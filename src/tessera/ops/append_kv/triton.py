@@ -15,32 +15,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from ...backends.triton import interpreted, next_pow2
+from ...backends.triton_lang import fp8_e4m3_bits, rint as _rint
 from .ref import CACHE_DTYPES  # noqa: F401  (all of them: fp8 goes through uint8)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KIND = {torch.int8: 1, torch.float8_e4m3fn: 2}
-
-
-@triton.jit
-def _rint(q, HW_RINT: tl.constexpr):
-    if HW_RINT:
-        return libdevice.rint(q)
-    return (q + 12582912.0) - 12582912.0
-
-
-@triton.jit
-def fp8_e4m3_bits(q):
-    """fp32 (|q| <= 448, not NaN) -> e4m3fn bit pattern (int32 0..255), round to nearest even."""
-    a = tl.abs(q)
-    u = a.to(tl.int32, bitcast=True)
-    r = u + 0x7FFFF + ((u >> 20) & 1)  # RNE to 3 mantissa bits
-    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
-    sub = ((a * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)  # multiples of 2^-9, RNE (8 = min normal)
-    code = tl.where(a < 0.015625, sub, normal)
-    return code | tl.where(u != q.to(tl.int32, bitcast=True), 0x80, 0)
 
 
 @triton.jit

@@ -130,7 +130,13 @@ def _bytes_bwd(kw):
 
 
 def _bench_cases():
-    return [_case(f"prefill-s{s}-h32kv8-d128-causal", 1, s, s, 32, 8, 128, causal=True) for s in (1024, 2048)]
+    """Batch 1 at seq 1024/2048 by default; ``tessera bench --extended`` adds the rest of the
+    issue's grid (batch 1-4 x seq 512-4096, several seconds per call on 2 cores)."""
+    main = [(1, 1024), (1, 2048)]
+    more = [(1, 512), (1, 4096), (2, 1024), (2, 2048), (4, 512), (4, 1024)]
+    return ([_case(f"prefill-b{b}-s{s}-h32kv8-d128-causal", b, s, s, 32, 8, 128, causal=True) for b, s in main]
+            + [_case(f"prefill-b{b}-s{s}-h32kv8-d128-causal", b, s, s, 32, 8, 128, tags=("extended",), causal=True)
+               for b, s in more])
 
 
 def build_spec(fn, ref, eager):

@@ -82,8 +82,11 @@ def cases():
 def bench_cases():
     out = []
     for variant in ("same", torch.int8):
-        for B, ctx in ((1, 16384), (16, 1024)):
+        for B, ctx, tags in ((1, 16384, ()), (16, 1024, ()), (1, 1024, ("extended",)), (4, 4096, ("extended",)),
+                             (16, 4096, ("extended",))):
             # KV bytes: B * ctx * 8 heads * 128 * 2 (K, V) * elsize: 64 MiB in bf16 (16 x 16384 =
-            # 1 GiB would make the eager gather + SDPA baseline take minutes per row)
-            out.append(build(f"b{B}-ctx{ctx}-hq32-hk8-d128-p16", B, 32, 8, 128, 16, [ctx] * B, variant=variant))
+            # 1 GiB would make the eager gather + SDPA baseline take minutes per row); the rest of
+            # the grid (batch 1-16 x ctx 1K-16K) runs with `tessera bench --extended`
+            out.append(build(f"b{B}-ctx{ctx}-hq32-hk8-d128-p16", B, 32, 8, 128, 16, [ctx] * B, variant=variant,
+                             tags=set(tags)))
     return out
