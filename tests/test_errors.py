@@ -19,6 +19,8 @@ import torch
 
 import tessera
 
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 SKIP_TAGS = {"large", "extreme", "empty", "layout"}
 
 
@@ -58,8 +60,11 @@ def _bad_calls(spec):
             yield f"{k}-float64", {**kw, k: t.to(torch.float64)}, TypeError, [f"'{k}'", "float64"]
         else:  # indices / lengths: either integer width may be legal, a float never is
             yield f"{k}-float32", {**kw, k: t.to(torch.float32)}, TypeError, [f"'{k}'", "float32"]
-        yield f"{k}-bool", {**kw, k: t > 0}, TypeError, [f"'{k}'", "bool"]
-        if len(names) > 1:  # alone, a 0-d input may be legal (elementwise ops): see test_zero_dim_alone
+        # (fp8 tensors have no comparison kernels on the CPU: compare their float value)
+        yield f"{k}-bool", {**kw, k: (t.float() if t.dtype in FP8 else t) > 0}, TypeError, [f"'{k}'", "bool"]
+        # alone, a 0-d input may be legal (elementwise ops): see test_zero_dim_alone; a spec's
+        # ``scalar_ok`` arguments (per-tensor quantization scales) are legal as 0-d
+        if len(names) > 1 and k not in spec.scalar_ok:
             yield f"{k}-0d", {**kw, k: t.reshape(-1)[0].clone()}, ValueError, [f"'{k}'", "()"]
         if k != first and t.is_floating_point():  # a wider index table (e.g. block_table) is legal
             bigger = torch.randn(*t.shape[:-1], t.shape[-1] + 1).to(t.dtype)
@@ -179,10 +184,11 @@ def test_meta_device_backend_error(name):
     """Explicit cpu backend on non-CPU real tensors is impossible: BackendError, never a fallback."""
     spec = tessera.OPS[name]
     kw = _base_case(spec)
-    ok, _ = tessera._registry.supports(spec, "cpu", torch.device("cpu"), torch.float32)
+    dt = spec.dtypes[0]  # float32 for float ops, int8 for integer ones (int_mm)
+    ok, _ = tessera._registry.supports(spec, "cpu", torch.device("cpu"), dt)
     assert ok
     with pytest.raises(tessera.BackendError, match="cpu"):
-        tessera._registry.select(spec, torch.device("meta"), torch.float32, "cpu")
+        tessera._registry.select(spec, torch.device("meta"), dt, "cpu")
     spec.fn(**kw, backend="cpu")  # and the same inputs on CPU are fine
 
 

@@ -152,7 +152,7 @@ def _check_all(spec, backend, case, dtype=torch.float32):
 
 @pytest.mark.parametrize("spec,backend,case", _params(("cpu", "reference")))
 def test_opcheck(spec, backend, case):
-    _check_all(spec, backend, case)
+    _check_all(spec, backend, case, spec.dtypes[0])  # float32, or int8 for integer ops
 
 
 def _one_small_case(spec):
@@ -173,7 +173,7 @@ def _triton_params():
                     reason="triton backend needs TRITON_INTERPRET=1 on a CPU-only machine")
 @pytest.mark.parametrize("spec,case", _triton_params())
 def test_opcheck_triton_interpreted(spec, case):
-    _check_all(spec, "triton", case)
+    _check_all(spec, "triton", case, spec.dtypes[0])
 
 
 @pytest.mark.parametrize("name", sorted(tessera.OPS))

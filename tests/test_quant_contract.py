@@ -100,4 +100,6 @@ def test_triton_helpers_match_contract():
         codes = torch.arange(256, dtype=torch.int32)
         want = codes.to(torch.uint8).view(fmt).float()
         finite = torch.isfinite(want)
-        assert torch.equal(decode(codes, fmt == torch.float8_e5m2)[finite], want[finite]), fmt
+        got = decode(codes, fmt == torch.float8_e5m2)
+        assert torch.equal(got[finite], want[finite]), fmt
+        assert torch.equal(torch.signbit(got[finite]), torch.signbit(want[finite])), f"{fmt}: -0.0 lost its sign"

@@ -6,13 +6,22 @@ until an op first runs on a backend that needs it.
 """
 from __future__ import annotations
 
+from ._quantize import dequantize, quantize
 from ._registry import BACKENDS, OPS, BackendError, use_backend
 from .ops.append_kv import append_kv
 from .ops.attention import attention
 from .ops.decode_attention import decode_attention
+from .ops.dequantize import dequantize_blocks
 from .ops.geglu import geglu
 from .ops.gelu import gelu
+from .ops.int_mm import int_mm
 from .ops.layer_norm import layer_norm
+from .ops.linear_a16w8 import linear_a16w8
+from .ops.linear_fp8 import linear_fp8
+from .ops.linear_w4a16 import linear_w4a16
+from .ops.linear_w4a8 import linear_w4a8
+from .ops.linear_w8a8 import linear_w8a8
+from .ops.quantize import quantize_blocks
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope, rope_cache
 from .ops.silu import silu
@@ -22,6 +31,11 @@ from .ops.swiglu import swiglu
 __version__ = "0.1.0"
 
 __all__ = ["BACKENDS", "OPS", "BackendError", "use_backend",
-           "append_kv", "attention", "decode_attention", "geglu", "gelu", "layer_norm", "rms_norm", "silu", "softmax", "swiglu", "rope", "rope_cache"]
+           # fused LLM ops
+           "append_kv", "attention", "decode_attention", "geglu", "gelu", "layer_norm", "rms_norm", "rope",
+           "rope_cache", "silu", "softmax", "swiglu",
+           # quantization: formats (tessera.quant), the model API and the quantized matmuls
+           "quantize", "dequantize", "quantize_blocks", "dequantize_blocks", "int_mm", "linear_w8a8",
+           "linear_a16w8", "linear_w4a16", "linear_w4a8", "linear_fp8"]
 
 from . import nn  # noqa: E402,F401  (drop-in torch.nn modules; imports no kernels)

@@ -96,6 +96,9 @@ class OpSpec:
     # saying why the peer cannot run here}.  Factories do their one-off setup (weight packing,
     # session building) outside the timed region.
     peers: dict[str, Callable[[dict], Any]] = dataclasses.field(default_factory=dict)
+    # tensor arguments that may legally be 0-d (a per-tensor quantization scale); every other
+    # tensor argument of a multi-input op must reject a 0-d tensor (tests/test_errors.py)
+    scalar_ok: tuple[str, ...] = ()
 
 
 OPS: dict[str, OpSpec] = {}

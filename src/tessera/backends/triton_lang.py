@@ -68,4 +68,5 @@ def fp8_bits_to_f32(b, E5M2: tl.constexpr):
         v = (mag << 21).to(tl.float32, bitcast=True) * 5.192296858534828e33  # 2^112
     else:
         v = (mag << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
-    return tl.where((b & 0x80) != 0, -v, v)
+    # the sign as a bit (``-v`` is ``0 - v`` in Triton, which turns -0.0 into +0.0)
+    return (v.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)

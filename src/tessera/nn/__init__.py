@@ -46,7 +46,7 @@ from ..ops.silu import silu
 from ..ops.softmax import softmax
 from ..ops.swiglu import swiglu
 
-__all__ = ["RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax", "RotaryEmbedding"]
+__all__ = ["RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax", "RotaryEmbedding", "QuantLinear"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _APPROXIMATE = ("none", "tanh")
@@ -237,3 +237,4 @@ class Softmax(torch.nn.Module):
 
 
 from ..ops.rope.module import RotaryEmbedding  # noqa: E402,F401  (cos/sin buffers + tessera.rope)
+from .quant_linear import QuantLinear  # noqa: E402,F401  (quantised inference linear: tessera.quant recipes)

@@ -10,3 +10,7 @@ from . import layer_norm  # noqa: F401
 from . import attention  # noqa: F401
 from . import rope  # noqa: F401
 from . import append_kv, decode_attention  # noqa: F401  (paged KV cache: append + decode)
+from . import quantize, dequantize  # noqa: F401  (quantized formats: tessera.quant.formats)
+from . import linear_w4a16, linear_w4a8  # noqa: F401  (int4 weights; shared code in _qlinear_int4)
+from . import linear_fp8  # noqa: F401  (fp8 x fp8 linear)
+from . import int_mm, linear_w8a8, linear_a16w8  # noqa: F401  (int8 matmuls; shared code in _qlinear_int8)

@@ -121,6 +121,24 @@ def quantize_blocks(x: torch.Tensor, block: int, qtype):
     return quantize_values(x, full, qtype), scale
 
 
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 [..., K] (K even) -> uint8 [..., K/2]: byte j = code[2j] | code[2j+1] << 4
+    (low nibble = even index), contiguous.  The one int4 layout of every tessera kernel."""
+    if codes.dtype != torch.uint8 or codes.shape[-1] % 2:
+        raise ValueError(f"pack_int4: argument 'codes' (shape={tuple(codes.shape)} dtype={codes.dtype}) must be "
+                         "uint8 with an even last dimension")
+    if codes.numel() and int(codes.max()) > 15:
+        raise ValueError("pack_int4: argument 'codes' holds values above 15")
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., K/2] -> uint8 codes [..., K] (inverse of :func:`pack_int4`)."""
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"unpack_int4: argument 'packed' (dtype={packed.dtype}) must be uint8")
+    return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
+
+
 def dequantize_values(q: torch.Tensor, scale: torch.Tensor, zero=None) -> torch.Tensor:
     """fp32 ``(q - zero) * scale`` with scale/zero broadcastable to q (zero None -> 0)."""
     v = q.float() if zero is None else q.float() - zero.float()

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from .contract import unpack_int4
+
 
 def _x2d(kw):
     x = kw["x"]
@@ -43,17 +45,11 @@ def torch_int8pack(kw):
     return lambda: _shape_back(kw, torch.ops.aten._weight_int8pack_mm(x, w, s))
 
 
-def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """[N, K/2] uint8 (low nibble = even k) -> [N, K] int32 codes 0..15."""
-    lo, hi = packed & 0xF, packed >> 4
-    return torch.stack([lo, hi], -1).reshape(packed.shape[0], -1).to(torch.int32)
-
-
 def torch_int4pack(kw):
     x, w, s, z, g = _x2d(kw), kw["weight"], kw["weight_scale"], kw.get("weight_zero"), kw["group_size"]
     if w.dtype != torch.uint8:
         return f"torch int4pack needs tessera's packed uint8 int4 weight, got {w.dtype}"
-    codes = _unpack_int4(w)
+    codes = unpack_int4(w).to(torch.int32)
     N, K = codes.shape
     if K % 64 or N % 16:
         return f"torch int4pack needs K % 64 == 0 and N % 16 == 0 (K={K}, N={N})"

@@ -1,4 +1,6 @@
-"""Paged decode attention native CPU launcher (kernel: decode_attention.c).
+"""Paged decode attention native CPU launcher (kernel: decode_attention.c, AVX-512 inner loops in
+decode_fast.h: vdpbf16ps for bf16 q over a bf16 cache, int16 VNNI for bf16/fp16 q over an int8
+cache, fp32 FMAs otherwise; portable C at the other ISA levels).
 
 Splits: each sequence's keys are cut into S splits (a task = one split of one sequence, all kv
 heads) so that there are at least ~4 tasks per thread, but no split shorter than ~256 keys."""

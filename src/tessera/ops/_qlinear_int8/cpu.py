@@ -1,0 +1,55 @@
+"""Native CPU launchers of the int8 matmuls (kernel: qlinear_int8.c, one entry point).
+
+``TESSERA_QI8_VNNI=0`` forces the portable C micro-kernels at the avx512 level (tests use it
+to prove they are bit-exact with the VNNI ones); the generic/avx2 levels always run them.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..._library import new_output
+from ...backends import cpu
+from .ref import ACT_CODE, DTYPES, INT_DTYPES  # noqa: F401
+
+_SRC = Path(__file__).with_name("qlinear_int8.c")
+_INT_KIND = {torch.int8: 8, torch.int16: 16}
+
+
+def _lib():
+    return cpu.library("qlinear_int8", _SRC)
+
+
+def has_vnni() -> bool:
+    """Does the loaded build (this ISA level, this CPU) run the AVX512-VNNI micro-kernels?"""
+    return bool(cpu.declare(_lib(), "tsr_qi8_has_vnni", "")())
+
+
+def _vnni_ok() -> int:
+    return int(os.environ.get("TESSERA_QI8_VNNI", "1") != "0")
+
+
+def _run(x, xkind, bits, weight, sw, bias, act, y, ydtype):
+    M, K = x.shape
+    N = weight.shape[0]
+    if M == 0 or N == 0:
+        return y
+    f = cpu.declare(_lib(), "tsr_qi8_mm", "pliillplppipiii")
+    rc = f(cpu.ptr(x), x.stride(0), xkind, bits, M, K, cpu.ptr(weight), N, cpu.ptr(sw), cpu.ptr(bias),
+           ACT_CODE[act], cpu.ptr(y), ydtype, _vnni_ok(), cpu.threads_for(max(M, 16) * N * K // 16))
+    cpu.check_rc(rc, "int8 matmul")
+    return y
+
+
+def int_mm_forward(a, b):
+    """a [M, K] int8/int16 row view (unit inner stride), b [N, K] int8 contiguous."""
+    out_dtype = torch.int32 if a.dtype == torch.int8 else torch.int64
+    y = new_output((a.shape[0], b.shape[0]), out_dtype, a.device)
+    return _run(a, _INT_KIND[a.dtype], _INT_KIND[a.dtype], b, None, None, None, y, -1)
+
+
+def linear_forward(x, weight, sw, bias, activation, bits):
+    y = new_output((x.shape[0], weight.shape[0]), x.dtype, x.device)
+    return _run(x, cpu.DTYPE_CODE[x.dtype], bits, weight, sw, bias, activation, y, cpu.DTYPE_CODE[x.dtype])

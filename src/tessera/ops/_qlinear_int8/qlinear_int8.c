@@ -1,0 +1,373 @@
+/* qlinear_int8.c -- int8 matmuls: int_mm, linear_w8a8, linear_a16w8 (one driver, tsr_qi8_mm).
+ *
+ *   acc[m, n] = sum_k a[m, k] * w[n, k]            exact (int32 for 8-bit a, int64 for 16-bit a)
+ *   y[m, n]   = act(fp32(acc) * (sx[m] * sw[n]) + bias[n])    (linears; qlinear_epilogue.h)
+ *
+ * Phase 1 (rows in parallel): the activations become a padded integer buffer, row stride
+ * Kp = K rounded up to 64.  Float x is quantised per row with the integer contract of
+ * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
+ * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128.
+ *
+ * Phase 2: dot-product micro-kernels on w's own [N, K] layout (no weight packing, no
+ * pre-packed format to keep in sync): a block of mb <= 4 activation rows x 4 weight rows
+ * keeps 16 zmm accumulators over all of K, reduced horizontally once at the end.
+ *   - int8, AVX512-VNNI: VPDPBUSD (u8 x s8, 4 products per int32 lane, wrapping):
+ *     sum (q + 128) w = acc + 128 sum_k w[n, k], so acc = dp - 128 * colsum(n); the column sums
+ *     come from one more VPDPBUSD with a vector of ones on the weight already in registers
+ *     (GEMV: during the first row block, no extra weight pass) or from a pass over the
+ *     L2-resident weight panel (GEMM).  Wrapping int32 arithmetic is exact modulo 2^32, and the
+ *     true sums fit int32 for K <= 131072.
+ *   - int16 x int8 (A16W8), AVX512-VNNI: VPDPWSSD on int16 pairs (weights widened with
+ *     VPMOVSXBW).  Each int32 lane gains at most 4 products of |a| <= 32768, |w| <= 128 per
+ *     64-wide K step (2^24), so lanes are flushed into int64 every 64 steps (K = 4096):
+ *     |partial| <= 2^30 < 2^31, never overflowing; the flush sums the 16 lanes in int64.
+ *   - portable C (generic/avx2 levels, and CPUs without VNNI): the same blocking with plain
+ *     loops (int8: int32 sums in unsigned arithmetic, i.e. wrapping; int16: int64 sums).
+ * Loop orders: M <= 16 (GEMV, weight-bandwidth bound): threads take chunks of 64 weight rows
+ * (dynamically), each 4-row block is read from DRAM once and reused for every activation
+ * block from L1; the first activation block prefetches (into L2) the weight block after next,
+ * which lifted one core's weight stream from ~14 to ~19 GB/s here (DRAM-sized weights).
+ * Column sums are computed per call, never cached: in the GEMV they cost one VPDPBUSD per
+ * 64 weight bytes on data already in registers (no extra memory traffic), in the GEMM one
+ * L2-resident pass per panel (~1/M of the panel's VPDPBUSD work); a per-weight cache would
+ * need the weight's identity/version tracked across calls for no measurable gain.  M > 16 (GEMM): threads take 64-row weight panels (K x 64 bytes, L2-resident)
+ * and sweep all activation blocks over the panel, so the weight is read from DRAM once and the
+ * activations once per panel (from L3).  AMX is not used (this CPU, AMD Zen 4, has none).
+ * VNNI is chosen at run time (__builtin_cpu_supports("avx512vnni")) at the avx512 build level
+ * (functions compiled with a target attribute); vnni_ok = 0 forces the portable code (tests).
+ */
+#include "tessera_quant.h"
+#include "qlinear_epilogue.h"
+
+#if defined(__AVX512BW__) && defined(__x86_64__) && defined(__GNUC__)
+#define QI8_VNNI 1
+#define VNNI_TARGET __attribute__((target("avx512vnni,avx512f,avx512bw,avx512vl,avx512dq")))
+#else
+#define QI8_VNNI 0
+#endif
+#define INL static inline __attribute__((always_inline))
+
+int tsr_qi8_has_vnni(void) {
+#if QI8_VNNI
+    return __builtin_cpu_supports("avx512vnni") != 0;
+#else
+    return 0;
+#endif
+}
+
+enum { SRC_I8 = 8, SRC_I16 = 16 };   /* xkind: 0..2 = float dtypes (quantise), or integer input */
+enum { MB = 4, NB = 4, NP = 64 };
+
+typedef struct {
+    const char *x; int64_t sx; int xkind, bits, vnni;
+    int64_t M, K, Kp, N;
+    const int8_t *w; const float *wscale, *bias; int act;
+    char *y; int ydtype;                 /* ydtype < 0: integer output (int32 / int64) */
+    char *q; float *xs;                  /* activation buffer [M][Kp] and per-row scales */
+} job_t;
+
+/* ------------------------------------------------------------------ phase 1: activations */
+static void prep_row(const job_t *J, int64_t i, float *buf) {
+    const int64_t K = J->K, Kp = J->Kp;
+    const int u8 = J->bits == 8 && J->vnni;
+    if (J->bits == 8) {
+        int8_t *q = (int8_t *)J->q + i * Kp;
+        if (J->xkind == SRC_I8) {
+            memcpy(q, J->x + i * J->sx, (size_t)K);
+        } else {
+            tsr_load_f32(buf, J->x + i * J->sx * tsr_elsize(J->xkind), K, J->xkind);
+            const float s = tsr_scale_for(tsr_absmax(buf, K), 127.0f);
+            J->xs[i] = s;
+            for (int64_t k = 0; k < K; k++) q[k] = (int8_t)tsr_quant_int(buf[k] / s, -127.0f, 127.0f);
+        }
+        for (int64_t k = K; k < Kp; k++) q[k] = 0;
+        if (u8)
+            for (int64_t k = 0; k < Kp; k++) q[k] = (int8_t)((uint8_t)q[k] ^ 0x80u);
+    } else {
+        int16_t *q = (int16_t *)J->q + i * Kp;
+        if (J->xkind == SRC_I16) {
+            memcpy(q, J->x + i * J->sx * 2, (size_t)K * 2);
+        } else {
+            tsr_load_f32(buf, J->x + i * J->sx * tsr_elsize(J->xkind), K, J->xkind);
+            const float s = tsr_scale_for(tsr_absmax(buf, K), 32767.0f);
+            J->xs[i] = s;
+            for (int64_t k = 0; k < K; k++) q[k] = (int16_t)tsr_quant_int(buf[k] / s, -32767.0f, 32767.0f);
+        }
+        for (int64_t k = K; k < Kp; k++) q[k] = 0;
+    }
+}
+
+/* ------------------------------------------------------------------ portable micro-kernels */
+/* res[i*NB + j] = sum_k X[i][k] * Wr[j][k] (int8: wrapped to int32) for i < mb, j < NB */
+INL void dot_portable(const job_t *J, const char *X, const int mb, const int8_t *const *Wr, int64_t *res) {
+    const int64_t K = J->K, Kp = J->Kp;
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < NB; j++) {
+            const int8_t *w = Wr[j];
+            if (J->bits == 8) {
+                const int8_t *x = (const int8_t *)X + i * Kp;
+                uint32_t s = 0;
+#pragma omp simd reduction(+ : s)
+                for (int64_t k = 0; k < K; k++) s += (uint32_t)((int32_t)x[k] * (int32_t)w[k]);
+                res[i * NB + j] = (int32_t)s;
+            } else {
+                const int16_t *x = (const int16_t *)X + i * Kp;
+                int64_t s = 0;
+#pragma omp simd reduction(+ : s)
+                for (int64_t k = 0; k < K; k++) s += (int32_t)x[k] * (int32_t)w[k];
+                res[i * NB + j] = s;
+            }
+        }
+}
+
+#if QI8_VNNI
+/* ------------------------------------------------------------------ VNNI micro-kernels */
+VNNI_TARGET INL __mmask64 tail_mask(int64_t r) { return _cvtu64_mask64(r >= 64 ? ~0ULL : (~0ULL >> (64 - r))); }
+
+VNNI_TARGET INL int64_t hsum64(__m512i v) {   /* 16 int32 lanes summed in int64 */
+    const __m512i a = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
+    const __m512i b = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1));
+    return _mm512_reduce_add_epi64(_mm512_add_epi64(a, b));
+}
+
+/* int8: X holds u8 = q + 128.  res = wrapped int32 of sum (x_u8 * w); cs (when with_cs) = the
+ * weight rows' sums.  Callers subtract 128 * cs. */
+VNNI_TARGET INL void dot8_vnni(const uint8_t *X, int64_t ldx, const int mb, const int8_t *const *Wr, int64_t K,
+                               uint32_t *res, uint32_t *cs, const int with_cs) {
+    const int64_t pf = with_cs ? 2 * NB * K : 0;   /* GEMV first pass: pull the block after next into L2 */
+    __m512i acc[MB][NB], c[NB], w[NB];
+    const __m512i ones = _mm512_set1_epi8(1);
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; j++) {
+        c[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int i = 0; i < MB; i++) acc[i][j] = _mm512_setzero_si512();
+    }
+    for (int64_t k = 0; k < K; k += 64) {
+        const __mmask64 m = tail_mask(K - k);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; j++) w[j] = _mm512_maskz_loadu_epi8(m, Wr[j] + k);
+        if (with_cs) {
+#pragma GCC unroll 4
+            for (int j = 0; j < NB; j++) _mm_prefetch((const char *)(Wr[j] + k + pf), _MM_HINT_T1);
+#pragma GCC unroll 4
+            for (int j = 0; j < NB; j++) c[j] = _mm512_dpbusd_epi32(c[j], ones, w[j]);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MB; i++) {
+            if (i < mb) {
+                const __m512i xv = _mm512_loadu_si512((const void *)(X + i * ldx + k));
+#pragma GCC unroll 4
+                for (int j = 0; j < NB; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, w[j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; j++) {
+        if (with_cs) cs[j] = (uint32_t)_mm512_reduce_add_epi32(c[j]);
+#pragma GCC unroll 4
+        for (int i = 0; i < MB; i++)
+            if (i < mb) res[i * NB + j] = (uint32_t)_mm512_reduce_add_epi32(acc[i][j]);
+    }
+}
+
+/* int16 x int8 with VPDPWSSD; int32 lanes flushed to int64 every 64 steps (see the header). */
+VNNI_TARGET INL void dot16_vnni(const int16_t *X, int64_t ldx, const int mb, const int8_t *const *Wr, int64_t K,
+                                int64_t *res, const int first) {
+    const int64_t pf = first ? 2 * NB * K : 0;   /* GEMV first pass: pull the block after next into L2 */
+    __m512i acc[MB][NB], wl[NB], wh[NB];
+    int64_t tot[MB][NB];
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; j++) { acc[i][j] = _mm512_setzero_si512(); tot[i][j] = 0; }
+    int steps = 0;
+    for (int64_t k = 0; k < K; k += 64) {
+        const __mmask64 m = tail_mask(K - k);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; j++) {
+            const __m512i wb = _mm512_maskz_loadu_epi8(m, Wr[j] + k);
+            if (first) _mm_prefetch((const char *)(Wr[j] + k + pf), _MM_HINT_T1);
+            wl[j] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(wb));
+            wh[j] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(wb, 1));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MB; i++) {
+            if (i < mb) {
+                const __m512i xl = _mm512_loadu_si512((const void *)(X + i * ldx + k));
+                const __m512i xh = _mm512_loadu_si512((const void *)(X + i * ldx + k + 32));
+#pragma GCC unroll 4
+                for (int j = 0; j < NB; j++)
+                    acc[i][j] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[i][j], xl, wl[j]), xh, wh[j]);
+            }
+        }
+        if (++steps == 64 || k + 64 >= K) {
+            steps = 0;
+#pragma GCC unroll 4
+            for (int i = 0; i < MB; i++)
+#pragma GCC unroll 4
+                for (int j = 0; j < NB; j++)
+                    if (i < mb) { tot[i][j] += hsum64(acc[i][j]); acc[i][j] = _mm512_setzero_si512(); }
+        }
+    }
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < NB; j++) res[i * NB + j] = tot[i][j];
+}
+
+/* one activation block x one 4-row weight block -> exact results (int8: 128 * cs removed) */
+VNNI_TARGET static void block_vnni(const job_t *J, const char *X, int mb, const int8_t *const *Wr, int64_t *res,
+                                   uint32_t *cs, int with_cs) {
+    if (J->bits == 16) {
+        const int16_t *X16 = (const int16_t *)X;
+#define D16(MBC) (with_cs ? dot16_vnni(X16, J->Kp, MBC, Wr, J->K, res, 1) : dot16_vnni(X16, J->Kp, MBC, Wr, J->K, res, 0))
+        switch (mb) {
+        case 1: D16(1); break;
+        case 2: D16(2); break;
+        case 3: D16(3); break;
+        default: D16(4); break;
+        }
+#undef D16
+        return;
+    }
+    uint32_t r[MB * NB];
+    const uint8_t *X8 = (const uint8_t *)X;
+#define D8(MBC) (with_cs ? dot8_vnni(X8, J->Kp, MBC, Wr, J->K, r, cs, 1) : dot8_vnni(X8, J->Kp, MBC, Wr, J->K, r, cs, 0))
+    switch (mb) {
+    case 1: D8(1); break;
+    case 2: D8(2); break;
+    case 3: D8(3); break;
+    default: D8(4); break;
+    }
+#undef D8
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < NB; j++) res[i * NB + j] = (int32_t)(r[i * NB + j] - 128u * cs[j]);
+}
+#endif
+
+static void block(const job_t *J, const char *X, int mb, const int8_t *const *Wr, int64_t *res, uint32_t *cs,
+                  int with_cs) {
+#if QI8_VNNI
+    if (J->vnni) { block_vnni(J, X, mb, Wr, res, cs, with_cs); return; }
+#endif
+    (void)cs; (void)with_cs;
+    switch (mb) {
+    case 1: dot_portable(J, X, 1, Wr, res); break;
+    case 2: dot_portable(J, X, 2, Wr, res); break;
+    case 3: dot_portable(J, X, 3, Wr, res); break;
+    default: dot_portable(J, X, 4, Wr, res); break;
+    }
+}
+
+/* ------------------------------------------------------------------ outputs */
+/* row m, columns [n0, n0 + n) from exact accumulators */
+static void finish(const job_t *J, int64_t m, int64_t n0, int64_t n, const int64_t *acc, float *fbuf) {
+    if (J->ydtype < 0) {
+        if (J->bits == 8) {
+            int32_t *y = (int32_t *)J->y + m * J->N + n0;
+            for (int64_t j = 0; j < n; j++) y[j] = (int32_t)acc[j];
+        } else {
+            memcpy((int64_t *)J->y + m * J->N + n0, acc, (size_t)n * 8);
+        }
+        return;
+    }
+    tsr_qepi_i64(acc, n, J->xs[m], J->wscale + n0, J->bias ? J->bias + n0 : NULL, J->act, fbuf);
+    tsr_store_conv(J->y + (m * J->N + n0) * tsr_elsize(J->ydtype), fbuf, n, J->ydtype);
+}
+
+static void wrows(const job_t *J, int64_t n0, const int8_t **Wr) {   /* past-the-end rows repeat N-1 */
+    for (int j = 0; j < NB; j++) Wr[j] = J->w + (n0 + j < J->N ? n0 + j : J->N - 1) * J->K;
+}
+
+/* GEMV (M <= 16): each 4-row weight block is read once, for every activation block */
+static void gemv_range(const job_t *J, int64_t b0, int64_t b1) {
+    int64_t res[MB * NB];
+    float fbuf[NB];
+    uint32_t cs[NB] = {0};
+    const int es = J->bits == 8 ? 1 : 2;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t n0 = b * NB, nn = J->N - n0 < NB ? J->N - n0 : NB;
+        const int8_t *Wr[NB];
+        wrows(J, n0, Wr);
+        for (int64_t m0 = 0; m0 < J->M; m0 += MB) {
+            const int mb = (int)(J->M - m0 < MB ? J->M - m0 : MB);
+            block(J, J->q + m0 * J->Kp * es, mb, Wr, res, cs, m0 == 0);
+            for (int i = 0; i < mb; i++) {
+                int64_t r[NB];
+                for (int j = 0; j < NB; j++) r[j] = res[i * NB + j];
+                finish(J, m0 + i, n0, nn, r, fbuf);
+            }
+        }
+    }
+}
+
+/* GEMM (M > 16): one 64-row weight panel, all activation blocks */
+static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
+    const int64_t n0 = p * NP, pn = J->N - n0 < NP ? J->N - n0 : NP;
+    const int es = J->bits == 8 ? 1 : 2;
+    uint32_t cs[NP];
+    if (J->bits == 8 && J->vnni) {   /* column sums of the panel (also pulls it into L2) */
+        for (int64_t j = 0; j < pn; j++) {
+            const int8_t *w = J->w + (n0 + j) * J->K;
+            int32_t s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < J->K; k++) s += w[k];
+            cs[j] = (uint32_t)s;
+        }
+    }
+    for (int64_t m0 = 0; m0 < J->M; m0 += MB) {
+        const int mb = (int)(J->M - m0 < MB ? J->M - m0 : MB);
+        const char *X = J->q + m0 * J->Kp * es;
+        for (int64_t jj = 0; jj < pn; jj += NB) {
+            const int8_t *Wr[NB];
+            int64_t res[MB * NB];
+            uint32_t c4[NB];
+            wrows(J, n0 + jj, Wr);
+            for (int j = 0; j < NB; j++) c4[j] = jj + j < pn ? cs[jj + j] : 0;
+            block(J, X, mb, Wr, res, c4, 0);
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < NB; j++) tile[i * NP + jj + j] = res[i * NB + j];
+        }
+        for (int i = 0; i < mb; i++) finish(J, m0 + i, n0, pn, tile + i * NP, fbuf);
+    }
+}
+
+/* ------------------------------------------------------------------ entry point */
+int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
+               const float *wscale, const float *bias, int act, void *y, int ydtype, int vnni_ok, int nthreads) {
+    if (M == 0 || N == 0) return TSR_OK;
+    job_t J = {(const char *)x, sx, xkind, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
+               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL};
+    const int es = bits == 8 ? 1 : 2;
+    J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
+    J.xs = tsr_scratch(M);
+    if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
+    const int T = tsr_threads(nthreads);
+    int failed = 0;
+#pragma omp parallel num_threads(T) reduction(| : failed)
+    {
+        float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
+        float *fbuf = tsr_scratch(NP);
+        int64_t *tile = (int64_t *)aligned_alloc(64, MB * NP * sizeof(int64_t));
+        if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M; i++)
+            if (!failed) prep_row(&J, i, buf);
+        /* the implicit barrier: every row is ready */
+        if (M <= 16) {
+            /* chunks of 16 weight blocks (64 rows: K x 64 contiguous bytes), handed out
+             * dynamically: a thread that loses its core on a shared machine does not hold
+             * the others back at the end */
+            const int64_t nblk = (N + NB - 1) / NB, CHB = 16;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t c = 0; c < (nblk + CHB - 1) / CHB; c++)
+                if (!failed) gemv_range(&J, c * CHB, (c + 1) * CHB < nblk ? (c + 1) * CHB : nblk);
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t p = 0; p < (N + NP - 1) / NP; p++)
+                if (!failed) gemm_panel(&J, p, tile, fbuf);
+        }
+        free(buf); free(fbuf); free(tile);
+    }
+    free(J.q); free(J.xs);
+    return failed ? TSR_ENOMEM : TSR_OK;
+}

@@ -1,0 +1,90 @@
+"""Float64 / int64 references of the int8 matmuls, and the ``reference`` backend's kernels.
+
+    int_mm(a, b)        = a @ b.T exactly (int64), returned as int32 (int8 a) or int64 (int16 a)
+    linear_w8a8(x, ...) : qx, sx = quantize_rows(x, int8)    (tessera.quant.contract, fp32 rules)
+                          acc    = qx @ weight.T             (exact integers)
+                          y      = act(acc * (sx * sw) + bias)
+    linear_a16w8        : the same with quantize_rows(x, int16)
+
+The activation quantisation follows the integer contract bit for bit (it is computed with
+``contract.quantize_rows`` in fp32); the integer product is exact (int64 matmul on CPU); the
+epilogue is float64 here, fp32 in the kernels (y = fp32(acc) * (sx * sw) + bias, then the
+activation), so kernels differ from this reference only by a few fp32 roundings.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...quant import contract
+
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+ACT_CODE = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+QTYPE = {8: torch.int8, 16: torch.int16}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int8, torch.int16)
+
+
+def activate(y: torch.Tensor, activation) -> torch.Tensor:
+    """The epilogue activations, in y's dtype (float64 in the reference)."""
+    if activation is None:
+        return y
+    if activation == "relu":
+        return torch.relu(y)
+    if activation == "gelu":
+        return 0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))
+    if activation == "gelu_tanh":  # 0.5 y (1 + tanh(u)) = y * sigmoid(2u)
+        u = math.sqrt(2.0 / math.pi) * (y + 0.044715 * y * y * y)
+        return y * torch.sigmoid(2.0 * u)
+    if activation == "silu":
+        return y * torch.sigmoid(y)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def int_mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, K] int8/int16 @ b [N, K].T in int64 (exact: CPU integer matmul)."""
+    return a.cpu().long() @ b.cpu().long().T
+
+
+def int_mm_ref(a, b):
+    """Exact int_mm: int32 for int8 a (wrapping like torch._int_mm; |acc| < 2^31 for K <= 131072
+    anyway), int64 for int16 a."""
+    acc = int_mm_exact(a, b).to(a.device)
+    return acc.to(torch.int32) if a.dtype == torch.int8 else acc
+
+
+def _weight_scale(weight_scale: torch.Tensor, N: int) -> torch.Tensor:
+    return weight_scale.float().reshape(-1).expand(N) if weight_scale.numel() == 1 else weight_scale.float()
+
+
+def linear_ref(x, weight, weight_scale, bias=None, activation=None, *, bits=8):
+    """Float64 result of the quantised linear (x's leading dims kept, last dim N)."""
+    K, N = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, K).float()  # the matrix hands in float64 copies of fp32/bf16/fp16: exact
+    qx, sx = contract.quantize_rows(x2, QTYPE[bits])
+    acc = int_mm_exact(qx, weight).double().to(x.device)
+    s = sx.double()[:, None] * _weight_scale(weight_scale, N).double()[None, :]
+    y = acc * s
+    if bias is not None:
+        y = y + bias.double()
+    return activate(y, activation).reshape(*x.shape[:-1], N)
+
+
+def linear_eager(x, weight, weight_scale, bias=None, activation=None):
+    """What a user writes in plain PyTorch: dequantise the weight to x.dtype and F.linear."""
+    N = weight.shape[0]
+    w = (weight.float() * _weight_scale(weight_scale, N)[:, None]).to(x.dtype)
+    y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
+    return activate(y, activation)
+
+
+# ---------------------------------------------------------------- reference backend kernels
+
+def int_mm_forward(a, b):
+    return int_mm_ref(a, b)
+
+
+def linear_forward(x, weight, weight_scale, bias, activation, bits):
+    """x [M, K] row view, weight [N, K] int8, weight_scale fp32 [N], bias fp32 [N] or None."""
+    return linear_ref(x, weight, weight_scale, bias, activation, bits=bits).to(x.dtype)

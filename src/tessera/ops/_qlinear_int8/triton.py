@@ -1,0 +1,150 @@
+"""Triton kernels of the int8 matmuls (GPU; CPU tensors under TRITON_INTERPRET=1).
+
+* ``_quant_rows_kernel``: per-token quantisation of x (one program per row, two passes over
+  K: amax, then q = div_rn(x, scale) -- a true IEEE division -- NaN -> 0, saturate, round
+  half to even with ``triton_lang.rint``), the integer contract bit for bit.  A small first
+  kernel rather than fused into every matmul program: the per-row amax needs all of K, and
+  recomputing it in each of the N / BLOCK_N programs of a row costs more than one pass.
+* ``_imm_kernel``: tiles of BLOCK_M x BLOCK_N, K in BLOCK_K steps, ``tl.dot`` on int8 tiles
+  with int32 accumulation (exact; K <= 131072 keeps the sums in int32).  int16 activations
+  are split into int8 halves, a = 256 * hi + lo' + 128 with hi = a >> 8 and
+  lo' = (a & 255) - 128 (both in -128..127), so a @ w.T = 256 * (hi @ w.T) + lo' @ w.T
+  + 128 * colsum(w), combined in int64 (three int32 sums, each exact).
+  The epilogue (linears) is fp32: acc * (sx * sw) + bias, then the activation (as
+  qlinear_epilogue.h), stored in x.dtype (bf16 rounded to nearest even with ``round_bf16``
+  under the interpreter, whose own cast truncates).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._library import new_output
+from ...backends.triton import interpreted, next_pow2
+from ...backends.triton_lang import rint, round_bf16
+from .ref import ACT_CODE, DTYPES, INT_DTYPES  # noqa: F401
+
+
+@triton.jit
+def _quant_rows_kernel(x_ptr, sx, q_ptr, s_ptr, K, QMAX: tl.constexpr, BLOCK_K: tl.constexpr,
+                       HW_RINT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_ptr + row * sx + k, mask=k < K, other=0.0).to(tl.float32)
+        a = tl.abs(v)
+        amax = tl.maximum(amax, tl.where(a != a, 0.0, a))
+    lane = tl.arange(0, BLOCK_K)
+    m = tl.max(amax, axis=0) + tl.zeros((BLOCK_K,), dtype=tl.float32)   # the row amax in every lane
+    scale = tl.math.div_rn(tl.maximum(m, 1e-12), tl.full((BLOCK_K,), QMAX, tl.float32))
+    tl.store(s_ptr + row + lane * 0, scale, mask=lane == 0)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_ptr + row * sx + k, mask=k < K, other=0.0).to(tl.float32)
+        q = tl.math.div_rn(v, scale)
+        q = tl.where(q != q, 0.0, q)
+        q = rint(tl.minimum(tl.maximum(q, -QMAX), QMAX), HW_RINT)
+        tl.store(q_ptr + row * K + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
+
+
+@triton.jit
+def _act(v, ACT: tl.constexpr):
+    if ACT == 1:
+        v = tl.where(v < 0.0, 0.0, v)
+    elif ACT == 2:
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    elif ACT == 3:
+        u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
+        v = v / (1.0 + tl.exp(-2.0 * u))
+    elif ACT == 4:
+        v = v / (1.0 + tl.exp(-v))
+    return v
+
+
+@triton.jit
+def _imm_kernel(a_ptr, sa, b_ptr, c_ptr, sx_ptr, sw_ptr, bias_ptr, M, N, K,
+                A16: tl.constexpr, EPI: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                RNE_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pm = tl.program_id(0).to(tl.int64)
+    pn = tl.program_id(1).to(tl.int64)
+    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    if A16:
+        acc_hi = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        csum = tl.zeros((BLOCK_N,), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rm[:, None] * sa + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0)
+        b = tl.load(b_ptr + rn[None, :] * K + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0)
+        if A16:
+            a32 = a.to(tl.int32)
+            hi = (a32 >> 8).to(tl.int8)
+            lo = ((a32 & 255) - 128).to(tl.int8)
+            acc += tl.dot(lo, b, out_dtype=tl.int32)
+            acc_hi += tl.dot(hi, b, out_dtype=tl.int32)
+            csum += tl.sum(b.to(tl.int32), axis=0)
+        else:
+            acc += tl.dot(a, b, out_dtype=tl.int32)
+    if A16:
+        res = acc_hi.to(tl.int64) * 256 + acc.to(tl.int64) + csum.to(tl.int64)[None, :] * 128
+    else:
+        res = acc
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if EPI:
+        sx = tl.load(sx_ptr + rm, mask=rm < M, other=0.0)
+        sw = tl.load(sw_ptr + rn, mask=rn < N, other=0.0)
+        y = res.to(tl.float32) * (sx[:, None] * sw[None, :])
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        y = round_bf16(_act(y, ACT), RNE_BF16)
+        tl.store(c_ptr + rm[:, None] * N + rn[None, :], y.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(c_ptr + rm[:, None] * N + rn[None, :], res.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _blocks(M):
+    if interpreted():
+        return 16, 32, 64        # few, large programs (the interpreter pays per program)
+    return (16 if M <= 16 else 64), 64, 128
+
+
+def _launch(a, b, out, sx=None, sw=None, bias=None, activation=None, rne_bf16=False):
+    M, K = a.shape
+    N = b.shape[0]
+    if M == 0 or N == 0:
+        return out
+    BM, BN, BK = _blocks(M)
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    epi = sx is not None
+    _imm_kernel[grid](a, a.stride(0), b, out, sx if epi else out, sw if epi else out,
+                      bias if bias is not None else out, M, N, K,
+                      A16=a.dtype == torch.int16, EPI=epi, HAS_BIAS=bias is not None, ACT=ACT_CODE[activation],
+                      RNE_BF16=rne_bf16, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
+    return out
+
+
+def int_mm_forward(a, b):
+    out = new_output((a.shape[0], b.shape[0]), torch.int32 if a.dtype == torch.int8 else torch.int64, a.device)
+    return _launch(a, b, out)
+
+
+def quantize_rows(x, bits):
+    """(q [M, K] int8/int16 contiguous, fp32 scales [M]) per the integer contract."""
+    M, K = x.shape
+    q = torch.empty((M, K), dtype=torch.int8 if bits == 8 else torch.int16, device=x.device)
+    s = torch.empty((M,), dtype=torch.float32, device=x.device)
+    if M:
+        _quant_rows_kernel[(M,)](x, x.stride(0), q, s, K, QMAX=127.0 if bits == 8 else 32767.0,
+                                 BLOCK_K=min(next_pow2(K), 4096 if interpreted() else 1024),
+                                 HW_RINT=not interpreted())
+    return q, s
+
+
+def linear_forward(x, weight, sw, bias, activation, bits):
+    q, sx = quantize_rows(x, bits)
+    y = new_output((x.shape[0], weight.shape[0]), x.dtype, x.device)
+    return _launch(q, weight, y, sx, sw, bias, activation,
+                   rne_bf16=interpreted() and x.dtype == torch.bfloat16)

@@ -1,0 +1,40 @@
+"""Quantised linear ``tessera.linear_a16w8(x, weight, weight_scale, bias=None, activation=None)``.
+
+A16W8: int16 per-token activations (QMAX 32767) x int8 weights, int64 accumulation (int32 partials flushed before they can overflow):
+
+    qx, sx = quantize_rows(x, torch.int16)          per token, fused in the kernel (integer contract)
+    acc    = qx @ weight.T                        exact integers
+    y      = act(fp32(acc) * (sx * sw) + bias)    fp32 epilogue, this order; y in x.dtype
+
+weight int8 [N, K], weight_scale fp32 [N] or [], bias fp32/x.dtype [N] or None, activation
+None/"relu"/"gelu"/"gelu_tanh"/"silu".  Formulas, numerics and kernels: ops/_qlinear_int8.
+Inference op: no gradient.
+"""
+from __future__ import annotations
+
+from ..._registry import OpSpec, register_op
+from ...quant import peers
+from .._qlinear_int8 import (FP32_TOL, linear_bench_cases, linear_bound, linear_bytes_fwd, linear_cases,
+                             linear_flops_fwd, make_linear)
+from .._qlinear_int8.ref import linear_eager, linear_ref
+
+OP = "linear_a16w8"
+_holder: dict = {}
+linear_a16w8, _linear_a16w8_impl, _linear_a16w8 = make_linear(OP, 16, _holder)
+
+
+def linear_a16w8_ref(x, weight, weight_scale, bias=None, activation=None):
+    """Float64 reference (quantisation per the integer contract, exact integer product)."""
+    return linear_ref(x, weight, weight_scale, bias, activation, bits=16)
+
+
+SPEC = _holder["spec"] = register_op(OpSpec(
+    name=OP, fn=linear_a16w8, ref=linear_a16w8_ref, eager=linear_eager,
+    kernels={"reference": "tessera.ops.linear_a16w8.ref", "cpu": "tessera.ops.linear_a16w8.cpu",
+             "triton": "tessera.ops.linear_a16w8.triton"},
+    cases=linear_cases(), grad_inputs=(),
+    bytes_fwd=linear_bytes_fwd, flops_fwd=linear_flops_fwd, bound=linear_bound,
+    bench_cases=linear_bench_cases(), fp32_tol=FP32_TOL, fuzz="test_qlinear_int8.py",
+    peers={"torch-int8pack": peers.torch_int8pack},  # weight-only int8 (aten._weight_int8pack_mm)
+    scalar_ok=("weight_scale",),  # [] = a per-tensor scale
+))

@@ -1,0 +1,73 @@
+"""Int4-weight x int8-activation linear (``tessera.linear_w4a8``): dynamic per-token int8 x.
+
+    (qx, sx) = quantize_rows(x, int8)                      per token, tessera.quant.contract rules
+    acc_g    = sum_{k in g} qx[k] * (q[k] - z_g)           int32, exact (|acc_g| <= 128*127*15)
+    y        = act(sx * sum_g fp32(acc_g) * s_g + bias)    fp32 epilogue, output in x.dtype
+
+``weight`` uint8 [N, K/2] (two int4 codes per byte along K, low nibble = even k),
+``weight_scale`` fp32 [N, K/group_size], ``weight_zero`` uint8 [N, K/group_size] or None
+(symmetric, zero = 8), ``group_size`` in {32, 64, 128}; x float [..., K] (fp32/fp16/bf16, any
+leading dims), ``bias`` [N] or None, ``activation`` None/"relu"/"gelu"/"gelu_tanh"/"silu"
+applied in fp32 after the bias.  The activation quantisation is fused in the kernels.
+Kernels and numerics: ``ops/_qlinear_int4``.
+
+Forward only: no gradients (quantising x has no useful derivative; the weight is frozen).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ... import _checks
+from ..._library import direct, rows
+from ..._registry import OpSpec, register_op, select
+from .. import _qlinear_int4 as Q
+from .._qlinear_int4.ref import w4a8_eager, w4a8_ref
+
+OP = "linear_w4a8"
+
+
+def _linear_w4a8_impl(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Optional[Tensor],
+                       group_size: int, bias: Optional[Tensor], activation: Optional[str], backend: str) -> Tensor:
+    Q.check(OP, x, weight, weight_scale, weight_zero, group_size, bias, activation)
+    mod = select(SPEC, x.device, x.dtype, backend)
+    y = mod.forward(rows(x), weight, weight_scale, weight_zero, group_size, bias, activation)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+_linear_w4a8 = torch.library.custom_op("tessera::linear_w4a8", mutates_args=())(_linear_w4a8_impl)
+
+
+@_linear_w4a8.register_fake
+def _(x, weight, weight_scale, weight_zero, group_size, bias, activation, backend):
+    Q.check(OP, x, weight, weight_scale, weight_zero, group_size, bias, activation)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def linear_w4a8(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Optional[Tensor] = None,
+                 group_size: int = 128, bias: Optional[Tensor] = None, activation: Optional[str] = None,
+                 *, backend: Optional[str] = None) -> Tensor:
+    """``act(sx * sum_g fp32(acc_g) * s_g + bias)``: int4 weights, per-token int8 x (module docstring)."""
+    Q.python_types(OP, x, weight, weight_scale, weight_zero, bias, activation, group_size)
+    return direct(_linear_w4a8, _linear_w4a8_impl, x, weight, weight_scale, weight_zero, bias)(
+        x, weight, weight_scale, weight_zero, group_size, bias, activation, _checks.backend_arg(OP, backend))
+
+
+SPEC = register_op(OpSpec(
+    name=OP, fn=linear_w4a8, ref=w4a8_ref, eager=w4a8_eager,
+    kernels={"reference": "tessera.ops.linear_w4a8.ref", "cpu": "tessera.ops.linear_w4a8.cpu",
+             "triton": "tessera.ops.linear_w4a8.triton"},
+    cases=Q.cases(), grad_inputs=(),
+    bytes_fwd=Q.bytes_fwd, flops_fwd=Q.flops_fwd, bound=Q.bound, bench_cases=Q.bench_cases(),
+    # the integer accumulators are exact; only the fp32 epilogue rounds.  Portable C: K/g <= 128
+    # terms fp32(acc_g) * s_g summed in fp32; AVX-512: each acc_g split into exact per-lane
+    # integer pieces (16 lanes per 128 k), each lane summing its K/128 scaled pieces by FMA, then
+    # one 16-lane tree: (K/128 + 4) roundings per output.  Either way the error is <= ~(K/g + 4)
+    # * eps32 * sum|terms| (sum|terms| <= sum_k |qx_k (q_k - z)| s_g) plus one multiply by sx --
+    # a few 1e-6 relative; atol 2e-5, rtol 1e-5.
+    fp32_tol={0: (1e-5, 2e-5)},
+    fuzz="test_qlinear_int4.py",
+    peers=Q.peers(a8=True),
+))

@@ -1,0 +1,246 @@
+"""int8 matmuls: int_mm, linear_w8a8, linear_a16w8 (ops/_qlinear_int8).
+
+The spec cases run in tests/test_matrix.py (every backend x dtype) and tests/test_isa.py (every
+CPU ISA level).  Here, what the generic harness cannot see:
+
+* the integer accumulators inside the linears are exact: linear(x) with activation=None and
+  bias=None equals the fp32 epilogue fp32(acc) * (sx * sw) applied to int_mm's exact result on
+  the contract's quantised x, bit for bit (no addition, so no FMA contraction can differ);
+* the AVX512-VNNI micro-kernels and the portable C ones give identical bits (both paths of
+  the avx512 build, TESSERA_QI8_VNNI=0 forcing the portable one);
+* the A16W8 int32 -> int64 flushes (K > 4096 with the largest magnitudes);
+* int_mm against torch._int_mm; opcheck of tessera::int_mm (integer inputs: the generic
+  opcheck, which builds float32 cases, skips it); a planted unwritten element is caught;
+* hypothesis fuzzing of shapes, layouts, dtypes and options (spec.fuzz of all three ops).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tessera
+from tessera._library import new_output
+from tessera._registry import Case, backend_available
+from tessera.quant import contract
+from tessera.testing.matrix import run_case
+
+CPU = torch.device("cpu")
+BACKENDS = [b for b in ("cpu", "reference", "triton") if backend_available(b, CPU)[0]]
+LINEARS = {"linear_w8a8": torch.int8, "linear_a16w8": torch.int16}
+
+
+def _weight(N, K, gen):
+    w = torch.randn(N, K, generator=gen) * 0.05
+    return contract.quantize_rows(w, torch.int8)
+
+
+@pytest.fixture(params=["vnni", "portable"])
+def cpu_path(request, monkeypatch):
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if request.param == "vnni" and not qcpu.has_vnni():
+        pytest.skip("this CPU/ISA level has no AVX512-VNNI (the portable path is tested)")
+    monkeypatch.setenv("TESSERA_QI8_VNNI", "1" if request.param == "vnni" else "0")
+    return request.param
+
+
+# ---------------------------------------------------------------- accumulator exactness
+
+@pytest.mark.parametrize("op", sorted(LINEARS))
+@pytest.mark.parametrize("M,K,N", [(1, 33, 7), (5, 200, 19), (16, 64, 8), (70, 300, 67)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_accumulator_is_exact(op, M, K, N, backend, monkeypatch):
+    gen = torch.Generator().manual_seed(M * 1000 + K + N)
+    x = torch.randn(M, K, generator=gen) * 3
+    x[0, :3] = 1e4                                   # an outlier row
+    w, sw = _weight(N, K, gen)
+    qx, sx = contract.quantize_rows(x, LINEARS[op])
+    acc = tessera.int_mm(qx, w, backend=backend)
+    assert torch.equal(acc, (qx.long() @ w.long().T).to(acc.dtype))
+    want = acc.float() * (sx[:, None] * sw[None, :])     # the fp32 epilogue, in the documented order
+    got = getattr(tessera, op)(x, w, sw, backend=backend)
+    if backend == "reference":   # its epilogue is float64, rounded once: within 2 fp32 roundings
+        torch.testing.assert_close(got, want, rtol=2 ** -22, atol=0)
+    else:
+        assert torch.equal(got, want), f"{op}/{backend}: max diff {(got - want).abs().max()}"
+    # with a bias the sum may be fused (FMA) or not: one ulp
+    b = torch.randn(N, generator=gen)
+    got_b = getattr(tessera, op)(x, w, sw, b, backend=backend)
+    torch.testing.assert_close(got_b, want + b, rtol=2 ** -23, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", sorted(LINEARS))
+def test_vnni_and_portable_paths_agree_bitwise(op, monkeypatch):
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if not qcpu.has_vnni():
+        pytest.skip("no AVX512-VNNI here: only the portable path exists")
+    gen = torch.Generator().manual_seed(7)
+    for M, K, N in [(1, 4100, 9), (3, 130, 70), (16, 65, 33), (40, 257, 130)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(M, K, generator=gen).to(dtype)
+            w, sw = _weight(N, K, gen)
+            bias = torch.randn(N, generator=gen)
+            outs = []
+            for flag in ("1", "0"):
+                monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
+                outs.append(getattr(tessera, op)(x, w, sw, bias, "gelu", backend="cpu"))
+            assert torch.equal(outs[0], outs[1]), (op, M, K, N, dtype)
+
+
+# ---------------------------------------------------------------- int_mm
+
+@pytest.mark.parametrize("adtype", [torch.int8, torch.int16])
+def test_int_mm_flushes_and_extremes(adtype, cpu_path):
+    """K = 20000 at full magnitude: int8 sums near 2^28.3, int16 sums of 8.4e10 (the A16W8 int32
+    lanes are flushed to int64 every 4096 K)."""
+    lo, hi = (-128, 127) if adtype == torch.int8 else (-32768, 32767)
+    K = 20000 if adtype == torch.int16 else 16000
+    a = torch.full((3, K), lo, dtype=adtype)
+    a[1] = hi
+    a[2, ::2] = hi
+    b = torch.full((5, K), -128, dtype=torch.int8)
+    b[1] = 127
+    b[3, 1::3] = 127
+    got = tessera.int_mm(a, b, backend="cpu")
+    assert torch.equal(got, (a.long() @ b.long().T).to(got.dtype))
+
+
+@pytest.mark.parametrize("M,K,N", [(17, 64, 8), (32, 4096, 48), (100, 333, 70)])
+def test_int_mm_matches_torch_int_mm(M, K, N, cpu_path):
+    gen = torch.Generator().manual_seed(M + K)
+    a = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    assert torch.equal(tessera.int_mm(a, b, backend="cpu"), torch._int_mm(a, b.T))
+
+
+def test_int_mm_opcheck():
+    gen = torch.Generator().manual_seed(1)
+    for adtype in (torch.int8, torch.int16):
+        a = torch.randint(-100, 100, (5, 40), generator=gen, dtype=adtype)
+        b = torch.randint(-100, 100, (6, 40), generator=gen, dtype=torch.int8)
+        for backend in ("cpu", "reference"):
+            res = torch.library.opcheck(torch.ops.tessera.int_mm.default, (a, b, backend))
+            assert all(v == "SUCCESS" for v in res.values()), res
+
+
+def test_int_mm_unwritten_element_is_caught(monkeypatch):
+    """The matrix's exact comparison sees a missing element (integer outputs are poisoned with -1)."""
+    import tessera.ops.int_mm.cpu as mod
+    spec = tessera.OPS["int_mm"]
+    case = next(c for c in spec.cases if c.name == "7x123-n65")
+    assert run_case(spec, "cpu", torch.int8, case).ok
+    orig = mod.forward
+
+    def forward(*a, **k):
+        y = orig(*a, **k)
+        fresh = new_output(y.shape, y.dtype, y.device)
+        fresh.view(-1)[:-1] = y.reshape(-1)[:-1]
+        return fresh
+
+    monkeypatch.setattr(mod, "forward", forward)
+    r = run_case(spec, "cpu", torch.int8, case)
+    assert not r.ok and "bit-exact" in r.why, r.why
+
+
+# ---------------------------------------------------------------- bad input
+
+def _lin_kw(K=16, N=4):
+    gen = torch.Generator().manual_seed(0)
+    w, s = _weight(N, K, gen)
+    return {"x": torch.randn(3, K), "weight": w, "weight_scale": s}
+
+
+@pytest.mark.parametrize("op", sorted(LINEARS))
+@pytest.mark.parametrize("change,exc,needle", [
+    ({"weight": torch.zeros(4, 16)}, TypeError, "'weight'"),
+    ({"weight": torch.zeros(4, 17, dtype=torch.int8)}, ValueError, "'weight'"),
+    ({"weight_scale": torch.ones(5)}, ValueError, "'weight_scale'"),
+    ({"weight_scale": torch.ones(4, dtype=torch.float16)}, TypeError, "'weight_scale'"),
+    ({"bias": torch.ones(5)}, ValueError, "'bias'"),
+    ({"activation": "tanh"}, ValueError, "'activation'"),
+    ({"activation": 3}, TypeError, "'activation'"),
+    ({"x": torch.randn(2, 0)}, ValueError, "'x'"),
+])
+def test_linear_bad_input(op, change, exc, needle):
+    with pytest.raises(exc, match=needle):
+        getattr(tessera, op)(**{**_lin_kw(), **change})
+
+
+def test_k_limit_is_enforced():
+    K = 131073
+    with pytest.raises(ValueError, match="'x'.*131072"):
+        tessera.linear_w8a8(torch.randn(1, K), torch.zeros(1, K, dtype=torch.int8), torch.ones(1))
+    with pytest.raises(ValueError, match="'a'"):
+        tessera.int_mm(torch.zeros(1, K, dtype=torch.int8), torch.zeros(1, K, dtype=torch.int8))
+    with pytest.raises(TypeError, match="'b'.*int16"):
+        tessera.int_mm(torch.zeros(2, 8, dtype=torch.int8), torch.zeros(2, 8, dtype=torch.int16))
+
+
+def test_per_tensor_scale_and_3d_x():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 40, generator=gen)
+    w, s = contract.quantize_tensor(torch.randn(9, 40, generator=gen), torch.int8)
+    assert s.shape == ()
+    y = tessera.linear_w8a8(x, w, s, backend="cpu")
+    ref = tessera.OPS["linear_w8a8"].ref(x=x, weight=w, weight_scale=s)
+    assert y.shape == (2, 3, 9)
+    torch.testing.assert_close(y.double(), ref, rtol=4e-6, atol=1e-5)
+
+
+def test_bench_bound_follows_m():
+    spec = tessera.OPS["linear_w8a8"]
+    bounds = {c.name: spec.bound(c.make(torch.float32, CPU, torch.Generator().manual_seed(0)))
+              for c in spec.bench_cases}
+    assert bounds["M1-K4096-N4096"] == "memory" and bounds["M16-K4096-N4096"] == "memory"
+    assert bounds["M128-K4096-N4096"] == "compute" and bounds["M512-K4096-N4096"] == "compute"
+
+
+# ---------------------------------------------------------------- hypothesis fuzz (spec.fuzz)
+
+@st.composite
+def _linear_inputs(draw):
+    M = draw(st.integers(0, 40))
+    K = draw(st.integers(1, 300))
+    N = draw(st.integers(1, 70))
+    lead = draw(st.sampled_from([(M,), (1, M), (2, M // 2 + 1)]))
+    layout = draw(st.sampled_from(["contig", "rowslice", "transposed", "offset"]))
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+    bias = draw(st.booleans())
+    act = draw(st.sampled_from([None, "relu", "gelu", "gelu_tanh", "silu"]))
+    per_tensor = draw(st.booleans())
+    from tessera.ops._qlinear_int8 import linear_case
+    case = linear_case(f"fuzz-{lead}x{K}-n{N}-{layout}-{act}", (*lead, K), N, layout, (), bias, act, per_tensor)
+    return dtype, case
+
+
+@pytest.mark.parametrize("op", sorted(LINEARS))
+def test_fuzz_linear_cpu_vs_reference(op):
+    spec = tessera.OPS[op]
+
+    @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(drawn=_linear_inputs())
+    def check(drawn):
+        dtype, case = drawn
+        r = run_case(spec, "cpu", dtype, case)
+        assert r.ok, f"{op} {case.name} {dtype}: {r.why}"
+
+    check()
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(M=st.integers(0, 40), K=st.integers(1, 300), N=st.integers(1, 70),
+       adtype=st.sampled_from([torch.int8, torch.int16]), rowslice=st.booleans())
+def test_fuzz_int_mm_cpu_vs_reference(M, K, N, adtype, rowslice):
+    spec = tessera.OPS["int_mm"]
+
+    def mk(dtype, device, gen):
+        lo, hi = (-128, 128) if adtype == torch.int8 else (-32768, 32768)
+        a = torch.randint(lo, hi, (M, K + 3), generator=gen, dtype=adtype)
+        a = a[:, 1:K + 1] if rowslice else a[:, :K].contiguous()
+        return {"a": a, "b": torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)}
+
+    r = run_case(spec, "cpu", adtype, Case(f"fuzz-{M}x{K}-n{N}", mk))
+    assert r.ok, r.why
