@@ -10,7 +10,8 @@ reference under the float tolerance.  Here:
   kernels form (a group accumulator acc_g, or the AVX-512 path's per-lane pieces of it, 16 per
   128 k) times s_g is an exact fp32 integer, and the test asserts sum_k |qx_k (q_k - z)| s_g < 2^24,
   which bounds every partial sum in ANY order or grouping, so the fp32 sums are exact whatever
-  the kernel's summation order and only the final "* sx" rounds, once; W4A16 with small integer x.  A wrong group accumulator (overflow, a lost zero-point term, a nibble swapped)
+  the kernel's summation order and only the final "* sx" rounds, once; W4A16 with small integer
+  x.  A wrong group accumulator (overflow, a lost zero-point term, a nibble swapped)
   changes the result.
 * the packing layout on a golden vector (low nibble = even k);
 * hypothesis fuzzing of shapes, groups, zero points, layouts, bias, activation (cpu vs float64);

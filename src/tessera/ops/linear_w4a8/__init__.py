@@ -9,6 +9,10 @@
 (symmetric, zero = 8), ``group_size`` in {32, 64, 128}; x float [..., K] (fp32/fp16/bf16, any
 leading dims), ``bias`` [N] or None, ``activation`` None/"relu"/"gelu"/"gelu_tanh"/"silu"
 applied in fp32 after the bias.  The activation quantisation is fused in the kernels.
+The integer parts are exact on every backend; the fp32 sum over groups is the float epilogue:
+the reference, portable C and Triton convert each group's total acc_g, the AVX-512 kernel
+converts exact per-lane pieces of acc_g (16 lanes, each within one group) and sums them in fp32
+with one horizontal reduction per output (so no per-group shuffles at decode).
 Kernels and numerics: ``ops/_qlinear_int4``.
 
 Forward only: no gradients (quantising x has no useful derivative; the weight is frozen).
