@@ -18,10 +18,18 @@ task serving the whole GQA group so every K/V byte is read once.
 
 Roofline (bytes that must cross DRAM): the K and V rows attended (+ their scales), q and out.
 
-Measured (``tessera bench --op decode_attention``, benchmarks/results/2026-12-03-cpu): 64 MiB of
-bf16 KV (B=1 x 16384 tokens) in 6.2 ms, 31x faster than gather + SDPA in the same run but only
-19% of an NT copy of the same bytes: the kernel is compute-bound (~100 ns of one thread per
-token per kv head).  int8 KV is not faster than bf16 yet (half the bytes, same FMAs).
+AVX-512 inner loops (``decode_fast.h``): 16 (query head, key) dot products at once with one
+shuffle-add reduction for all 16, exponentials 16 keys at a time, and by (q, cache) dtype:
+bf16 q x bf16 cache with ``vdpbf16ps`` (probabilities rounded to bf16 for P.V, as
+FlashAttention does, the normaliser sums the rounded values); fp16/bf16 q x int8 cache with
+``vpdpwssd`` (q quantised to int16 per head, error <= 2^-16 of its max, ~100x below bf16
+rounding); fp32 FMAs otherwise (all fp32 q); a few lines of the next chunk prefetched per head.
+
+Measured (``tessera bench``, benchmarks/results/2026-12-03b-cpu): 64 MiB of bf16 KV (B=1 x 16384
+tokens) in 4.6 ms, 41x gather + SDPA in the same run, 25% of an NT copy of the same bytes
+(19% and 6.2 ms before the AVX-512 rewrite); int8 KV 3.8 ms.  One thread from DRAM the bf16 path
+reads at 75-81% of a plain AVX-512 read loop and int8 is 1.58x faster than bf16: with two
+threads on this shared VM the 2-thread OpenMP join, not bandwidth, sets the pace.
 """
 from __future__ import annotations
 
