@@ -70,3 +70,19 @@ def fp8_bits_to_f32(b, E5M2: tl.constexpr):
         v = (mag << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
     # the sign as a bit (``-v`` is ``0 - v`` in Triton, which turns -0.0 into +0.0)
     return (v.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def epilogue_act(v, ACT: tl.constexpr):
+    """The quantized linears' fp32 epilogue activation; ACT codes as ``ops/_qlinear_int8/ref.ACT_CODE``:
+    0 none, 1 relu, 2 gelu (erf), 3 gelu_tanh (0.5 v (1 + tanh u) written as v * sigmoid(2u)), 4 silu."""
+    if ACT == 1:
+        v = tl.where(v < 0.0, 0.0, v)
+    elif ACT == 2:
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    elif ACT == 3:
+        u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
+        v = v / (1.0 + tl.exp(-2.0 * u))
+    elif ACT == 4:
+        v = v / (1.0 + tl.exp(-v))
+    return v

@@ -28,7 +28,7 @@ from ...quant.contract import pack_int4, unpack_int4  # noqa: F401  (re-exported
 from ...testing import cases as C
 
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-ACT_CODE = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+from .._qlinear_int8.ref import ACT_CODE  # noqa: E402,F401  (the epilogue activation codes shared by the linears)
 GROUPS = (32, 64, 128)
 
 

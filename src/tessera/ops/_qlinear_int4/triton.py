@@ -24,24 +24,10 @@ import triton.language as tl
 
 from ..._library import as_fp32_param, new_output
 from ...backends.triton import interpreted, next_pow2
-from ...backends.triton_lang import rint as _rint, round_bf16
+from ...backends.triton_lang import rint as _rint, round_bf16, epilogue_act as _act
 from . import ACT_CODE
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _act(v, ACT: tl.constexpr):
-    if ACT == 1:
-        v = tl.where(v < 0.0, 0.0, v)
-    elif ACT == 2:
-        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.70710678118654752))
-    elif ACT == 3:
-        u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
-        v = v * tl.sigmoid(2.0 * u)
-    elif ACT == 4:
-        v = v * tl.sigmoid(v)
-    return v
 
 
 @triton.jit

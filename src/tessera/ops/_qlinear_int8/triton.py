@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ..._library import new_output
 from ...backends.triton import interpreted, next_pow2
-from ...backends.triton_lang import rint, round_bf16
+from ...backends.triton_lang import rint, round_bf16, epilogue_act as _act
 from .ref import ACT_CODE, DTYPES, INT_DTYPES  # noqa: F401
 
 
@@ -47,20 +47,6 @@ def _quant_rows_kernel(x_ptr, sx, q_ptr, s_ptr, K, QMAX: tl.constexpr, BLOCK_K: 
         q = tl.where(q != q, 0.0, q)
         q = rint(tl.minimum(tl.maximum(q, -QMAX), QMAX), HW_RINT)
         tl.store(q_ptr + row * K + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
-
-
-@triton.jit
-def _act(v, ACT: tl.constexpr):
-    if ACT == 1:
-        v = tl.where(v < 0.0, 0.0, v)
-    elif ACT == 2:
-        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
-    elif ACT == 3:
-        u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
-        v = v / (1.0 + tl.exp(-2.0 * u))
-    elif ACT == 4:
-        v = v / (1.0 + tl.exp(-v))
-    return v
 
 
 @triton.jit

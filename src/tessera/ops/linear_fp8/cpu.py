@@ -16,7 +16,7 @@ from .ref import scale_kind
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("linear_fp8.c")
 _KIND = {"tensor": 0, "row": 1, "block": 2}
-ACT_CODE = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+from .._qlinear_int8.ref import ACT_CODE  # noqa: E402  (the epilogue activation codes shared by the linears)
 USE_BF16DP = True
 
 

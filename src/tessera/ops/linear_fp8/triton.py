@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..._library import new_output
 from ...backends.triton import interpreted, next_pow2
-from ...backends.triton_lang import fp8_bits_to_f32, fp8_e4m3_bits, round_bf16
+from ...backends.triton_lang import fp8_bits_to_f32, fp8_e4m3_bits, round_bf16, epilogue_act as _act
 from .cpu import ACT_CODE
 from .ref import BLOCK, scale_kind
 
@@ -57,20 +57,6 @@ def _quant_x(x_ptr, ldx, q_ptr, s_ptr, K, KB, SEG, BLOCK_K: tl.constexpr):
         q = tl.where(q != q, 0.0, q)
         q = tl.minimum(tl.maximum(q, -448.0), 448.0)
         tl.store(q_ptr + m * K + offs, fp8_e4m3_bits(q).to(tl.uint8), mask=msk)
-
-
-@triton.jit
-def _act(v, ACT: tl.constexpr):
-    if ACT == 1:
-        v = tl.maximum(v, 0.0)
-    elif ACT == 2:
-        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.70710678118654752))
-    elif ACT == 3:
-        u = 0.79788456080286536 * (v + 0.044715 * v * v * v)
-        v = v / (1.0 + tl.exp(-2.0 * u))
-    elif ACT == 4:
-        v = v / (1.0 + tl.exp(-v))
-    return v
 
 
 @triton.jit
