@@ -223,3 +223,22 @@ def linear_bound(kw):
 # use tsr_expf (< 2 ulp) / A&S erfc (|err| <= 1.5e-7 absolute in Phi): rtol 4e-6 (~32 ulp)
 # covers those with room, atol stays the fp32 default.
 FP32_TOL = {0: (4e-6, 1e-5)}
+
+
+def register_linear(op: str, fn, ref, spec_holder: dict):
+    """Register the OpSpec of one int8-weight linear (``linear_w8a8`` / ``linear_a16w8``): both
+    share cases, bytes/FLOPs model, bound, tolerance and peers; only name, fn and ref differ."""
+    from ...quant import peers
+    from ..._registry import OpSpec, register_op
+    from .ref import linear_eager
+    spec_holder["spec"] = register_op(OpSpec(
+        name=op, fn=fn, ref=ref, eager=linear_eager,
+        kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
+                 "triton": f"tessera.ops.{op}.triton"},
+        cases=linear_cases(), grad_inputs=(),
+        bytes_fwd=linear_bytes_fwd, flops_fwd=linear_flops_fwd, bound=linear_bound,
+        bench_cases=linear_bench_cases(), fp32_tol=FP32_TOL, fuzz="test_qlinear_int8.py",
+        peers={"torch-int8pack": peers.torch_int8pack},  # weight-only int8 (aten._weight_int8pack_mm)
+        scalar_ok=("weight_scale",),  # [] = a per-tensor scale
+    ))
+    return spec_holder["spec"]

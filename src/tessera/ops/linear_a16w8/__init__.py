@@ -12,11 +12,8 @@ Inference op: no gradient.
 """
 from __future__ import annotations
 
-from ..._registry import OpSpec, register_op
-from ...quant import peers
-from .._qlinear_int8 import (FP32_TOL, linear_bench_cases, linear_bound, linear_bytes_fwd, linear_cases,
-                             linear_flops_fwd, make_linear)
-from .._qlinear_int8.ref import linear_eager, linear_ref
+from .._qlinear_int8 import make_linear, register_linear
+from .._qlinear_int8.ref import linear_ref
 
 OP = "linear_a16w8"
 _holder: dict = {}
@@ -28,13 +25,4 @@ def linear_a16w8_ref(x, weight, weight_scale, bias=None, activation=None):
     return linear_ref(x, weight, weight_scale, bias, activation, bits=16)
 
 
-SPEC = _holder["spec"] = register_op(OpSpec(
-    name=OP, fn=linear_a16w8, ref=linear_a16w8_ref, eager=linear_eager,
-    kernels={"reference": "tessera.ops.linear_a16w8.ref", "cpu": "tessera.ops.linear_a16w8.cpu",
-             "triton": "tessera.ops.linear_a16w8.triton"},
-    cases=linear_cases(), grad_inputs=(),
-    bytes_fwd=linear_bytes_fwd, flops_fwd=linear_flops_fwd, bound=linear_bound,
-    bench_cases=linear_bench_cases(), fp32_tol=FP32_TOL, fuzz="test_qlinear_int8.py",
-    peers={"torch-int8pack": peers.torch_int8pack},  # weight-only int8 (aten._weight_int8pack_mm)
-    scalar_ok=("weight_scale",),  # [] = a per-tensor scale
-))
+SPEC = register_linear(OP, linear_a16w8, linear_a16w8_ref, _holder)
