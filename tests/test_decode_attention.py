@@ -421,3 +421,16 @@ def test_fuzz_append_kv_cpu_vs_reference(B, n_new, Hk, D, P, pos, cache, dtype):
     finally:
         matrix._inputs = orig
     assert r.ok, f"{case.name} cache={cache} {dtype}: {r.why}"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_decode_ignores_table_entries_it_does_not_read(backend):
+    """Columns past a sequence's length or before its window may hold anything (vLLM leaves them
+    stale): they must not raise, and the result equals the one with valid entries there."""
+    a = _decode_args(torch.float32)
+    a["k_cache"], a["v_cache"] = torch.randn(4, 4, 2, 8), torch.randn(4, 4, 2, 8)
+    good = tessera.decode_attention(**a, window=2, backend=backend)
+    stale = _mod(a, block_table=torch.tensor([[0, 99], [-5, 3]], dtype=torch.int32))
+    assert torch.equal(tessera.decode_attention(**stale, window=2, backend=backend), good)
+    with pytest.raises(ValueError, match="entry -5"):  # without the window, column 0 of sequence 1 is read
+        tessera.decode_attention(**stale, backend=backend)

@@ -139,6 +139,9 @@ def use_nt(out: torch.Tensor) -> int:
     return int(out.numel() * out.element_size() >= NT_MIN_BYTES)
 
 
+EINVAL = -2  # TSR_EINVAL: a kernel found an argument out of range (it wrote nothing)
+
+
 def check_rc(rc: int, what: str) -> None:
     if rc == -1:
         raise MemoryError(f"tessera cpu backend: {what}: out of memory for scratch buffers")

@@ -50,12 +50,13 @@ from .ref import decode_attention_eager, decode_attention_ref, keys_read
 OP = "decode_attention"
 
 
-def _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale, values=True):
+def _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale):
+    """Everything but the index values (check_indices)."""
     _checks.tensor(OP, "q", q)
     if q.dim() != 3 or q.shape[-1] == 0:
         raise ValueError(f"tessera.{OP}: argument 'q' ({_checks.describe(q)}) must be (batch, Hq, D) with D > 0")
     check_cache_pair(OP, k_cache, v_cache, k_scale, v_scale)
-    NB, P, Hk, D = k_cache.shape
+    Hk, D = k_cache.shape[2:]
     B, Hq = q.shape[0], q.shape[1]
     if D != q.shape[-1] or Hq % Hk:
         raise ValueError(f"tessera.{OP}: argument 'k_cache' ({_checks.describe(k_cache)}) must have head dim "
@@ -70,23 +71,31 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k
         raise TypeError(f"tessera.{OP}: argument 'window' must be an int, got {type(window).__name__}")
     if not (window == -1 or window > 0):
         raise ValueError(f"tessera.{OP}: argument 'window'={window} must be -1 (no window) or > 0")
-    if values and B:
-        n = host_ints(seq_lens)
-        cap = block_table.shape[1] * P
-        if ((n < 0) | (n > cap)).any():
-            raise ValueError(f"tessera.{OP}: argument 'seq_lens' (values {n.tolist()[:8]}, {_checks.describe(seq_lens)}) "
-                             f"must be in [0, {cap}] (block_table columns {block_table.shape[1]} x page_size {P})")
-        lo = np.maximum(n - window, 0) if window > 0 else np.zeros_like(n)
-        check_pages(OP, block_table, lo, n, P, NB, "k_cache")
-        return int((n - lo).max())  # the most keys any sequence attends to
-    return 0
+
+
+def check_indices(k_cache, block_table, seq_lens, window):
+    """Every seq_lens value in [0, capacity] and every block_table entry of a page some sequence
+    attends to in [0, num_blocks); returns the most keys any sequence attends to.  (The cpu
+    kernel does the same checks itself and calls this only to name a bad index.)"""
+    if not seq_lens.numel():
+        return 0
+    NB, P = k_cache.shape[:2]
+    n = host_ints(seq_lens)
+    cap = block_table.shape[1] * P
+    if ((n < 0) | (n > cap)).any():
+        raise ValueError(f"tessera.{OP}: argument 'seq_lens' (values {n.tolist()[:8]}, {_checks.describe(seq_lens)}) "
+                         f"must be in [0, {cap}] (block_table columns {block_table.shape[1]} x page_size {P})")
+    lo = np.maximum(n - window, 0) if window > 0 else np.zeros_like(n)
+    check_pages(OP, block_table, lo, n, P, NB, "k_cache")
+    return int((n - lo).max())  # the most keys any sequence attends to
 
 
 def _decode_attention_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                       scale: Optional[float], softcap: float, window: int, k_scale: Optional[Tensor],
                       v_scale: Optional[Tensor], backend: str) -> Tensor:
-    max_keys = _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale)
+    _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale)
     mod = select(SPEC, q.device, q.dtype, backend)
+    max_keys = None if getattr(mod, "CHECKS_INDICES", False) else check_indices(k_cache, block_table, seq_lens, window)
     if k_cache.dtype not in mod.CACHE_DTYPES:
         raise BackendError(f"tessera.{OP}: the selected backend ({mod.__name__}) cannot read a {k_cache.dtype} "
                            f"cache (has: {mod.CACHE_DTYPES})")
@@ -100,7 +109,7 @@ _decode_attention = torch.library.custom_op("tessera::decode_attention", mutates
 
 @_decode_attention.register_fake
 def _(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale, backend):
-    _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale, values=False)
+    _check(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, k_scale, v_scale)
     return q.new_empty(q.shape)
 
 

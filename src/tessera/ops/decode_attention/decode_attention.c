@@ -284,12 +284,41 @@ static void prep_q(const char *qb, int64_t Hq, int64_t D, int64_t DP, int q_dtyp
 #include "decode_fast.h"
 #endif
 
-/* q (B, Hq, D) contiguous of q_dtype; out likewise; seq_lens (B,); S splits per (b, h);
- * part: B*Hk*S*G*(D+2) floats of scratch (m, l, acc per split). */
+/* The index checks of the hot path, done here so a call pays no host-side numpy pass: every
+ * seq_lens value in [0, MB * P] and every block_table entry of a page a sequence attends to in
+ * [0, NB).  Returns 0 and the most keys any sequence attends to, or -1 (the launcher then runs
+ * the Python check, which names the bad entry). */
+static int64_t da_check(const int32_t *bt, const int32_t *seq_lens, int64_t B, int64_t MB, int64_t P, int64_t NB,
+                        int64_t window) {
+    int64_t most = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = seq_lens[b], lo = window > 0 && n > window ? n - window : 0;
+        if (n < 0 || n > MB * P) return -1;
+        for (int64_t j = lo / P; j < (n + P - 1) / P; j++)
+            if (bt[b * MB + j] < 0 || bt[b * MB + j] >= NB) return -1;
+        most = n - lo > most ? n - lo : most;
+    }
+    return most;
+}
+
+/* q (B, Hq, D) contiguous of q_dtype; out likewise; seq_lens (B,); NB pages in each cache.
+ * Splits: each sequence's keys are cut into S splits (a task = one split of one sequence, all kv
+ * heads) so that there are at least ~4 tasks per thread, but no split shorter than ~256 keys;
+ * one thread below min_par (B Hq D max_keys / 4, the launcher's parallel threshold).
+ * Returns TSR_OK, TSR_ENOMEM, or TSR_EINVAL for an index out of range (nothing written). */
 int tsr_decode_attention(const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
-                         const int32_t *bt, const int32_t *seq_lens, void *out, float *part,
-                         int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t P, int64_t MB, int64_t S,
-                         float scale, float softcap, int64_t window, int q_dtype, int c_dtype, int nthreads) {
+                         const int32_t *bt, const int32_t *seq_lens, void *out,
+                         int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t P, int64_t MB, int64_t NB,
+                         float scale, float softcap, int64_t window, int q_dtype, int c_dtype, int nthreads,
+                         int64_t min_par) {
+    if (B <= 0) return TSR_OK;
+    const int64_t max_keys = da_check(bt, seq_lens, B, MB, P, NB, window);
+    if (max_keys < 0) return TSR_EINVAL;
+    if (B * Hq * D * (max_keys > 1 ? max_keys : 1) / 4 < min_par) nthreads = 1;
+    const int64_t want = (4 * (int64_t)nthreads + B - 1) / B;
+    const int64_t S = want < max_keys / 256 ? want : (max_keys / 256 > 1 ? max_keys / 256 : 1);
+    float *part = malloc((size_t)(B * Hk * S * (Hq / Hk) * (D + 2)) * sizeof(float));
+    if (!part) return TSR_ENOMEM;
     const int64_t G = Hq / Hk, DP = (D + 31) / 32 * 32;
     const ctx_t cx = {(const char *)kc, (const char *)vc, ks, vs, bt, P, Hk, D, MB, G, DP, softcap};
     const ctx_t *c = &cx;
@@ -376,5 +405,6 @@ int tsr_decode_attention(const void *q, const void *kc, const void *vc, const fl
         }
         free(qs); free(qsc); free(s); free(o); free(w); free(tg); free(zero); free(st); free(rows);
     }
+    free(part);
     return failed ? TSR_ENOMEM : TSR_OK;
 }
