@@ -28,3 +28,18 @@ def test_peers_are_timed_and_reported():
     sp = row["speedup"]["tessera-cpu"]
     assert set(sp) >= {"eager", "compile", "ok-peer"} and sp["ok-peer"] > 0
     assert "ok-peer" in report.table([row])
+
+
+def test_read_bound_rows_are_judged_against_a_read_pass():
+    """``bound="read"`` (a KV cache, a GEMV's weight): the row's ceiling is a read-only pass over
+    the row's bytes, labelled as such, and the start-of-run probe reports its rate too."""
+    silu = tessera.OPS["silu"]
+    spec = dataclasses.replace(silu, name="silu_read_test", bound="read")
+    plan = runner.Plan(spec, silu.bench_cases[0], torch.float32, "fwd", ("cpu",))
+    kw = runner.make_inputs(spec, silu.bench_cases[0], torch.float32, torch.device("cpu"), scale=0.01)
+    row = report.finish_row(runner.measure(plan, 3, torch.device("cpu"), kw, warmup=1), 10.0)
+    assert row["bound"] == "read" and row["roof"]["kind"] == "read GB/s" and row["roof"]["rate"] > 0
+    assert row["pct_roofline"]["tessera-cpu"] > 0 and "GB/s rd" in report.table([row])
+    assert tessera.OPS["decode_attention"].bound == "read"
+    bw = runner.roofline.memory_bandwidth(mib=8, repeats=2)
+    assert bw["read_gbps"] > 0 and bw["nt_copy_gbps"] > 0

@@ -72,7 +72,9 @@ class OpSpec:
     flops_fwd: Callable[[dict], int] | None = None
     flops_bwd: Callable[[dict], int] | None = None
     # which ceiling `tessera bench` states the speed against: "memory" (GB/s vs an NT copy of
-    # the row's bytes) or "compute" (GFLOP/s vs an fp32 matmul), each timed with the row
+    # the row's bytes), "read" (an op whose bytes are all reads, e.g. a KV cache or a GEMV's
+    # weight: GB/s vs a read-only pass over them) or "compute" (GFLOP/s vs an fp32 matmul), each
+    # timed with the row
     # the row's own ceiling, timed in the same interleaved loop as the contenders; may also be a
     # function of the kwargs (a quantized GEMV is memory-bound, the same op's GEMM compute-bound)
     bound: str | Callable[[dict], str] = "memory"

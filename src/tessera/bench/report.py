@@ -89,7 +89,8 @@ def _roof(row: dict) -> str:
     r = row.get("roof")
     if not r:
         return "-"
-    return f"{r['rate']:.1f} {'GFLOP/s' if row.get('bound') == 'compute' else 'GB/s'}"
+    unit = {"compute": "GFLOP/s", "read": "GB/s rd"}.get(row.get("bound"), "GB/s")
+    return f"{r['rate']:.1f} {unit}"
 
 
 def progress_line(i: int, n: int, row: dict) -> str:
@@ -130,7 +131,8 @@ def header(report: dict) -> str:
     if roof.get("roofline") == "nt_copy":
         lines.append(f"roofline = NT-store C copy over {roof['buffer_mib']} MiB, {roof['threads']} threads, bytes read+written: "
                      f"{roof['nt_copy_gbps']:.2f} GB/s (plain-store copy {roof['plain_copy_gbps']:.2f}, "
-                     f"torch copy_ {roof['torch_copy_gbps']:.2f})")
+                     f"torch copy_ {roof['torch_copy_gbps']:.2f}); read-only pass (the ceiling of bound='read' "
+                     f"rows, bytes read): {roof['read_gbps']:.2f} GB/s")
     else:
         lines.append(f"roofline = torch copy_ on {report['device']}: {roof['gbps']:.2f} GB/s")
     mm_s = ", ".join(f"{k.replace('_gflops', '')} {v} GFLOP/s" for k, v in mm.items() if k.endswith("_gflops"))

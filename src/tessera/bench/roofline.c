@@ -80,3 +80,50 @@ static void tsr_bench_plain(char *restrict d, const char *restrict s, int64_t n)
 int tsr_bench_copy_plain(void *dst, const void *src, int64_t bytes, int64_t reps, int threads) {
     return tsr_bench_run(tsr_bench_plain, dst, src, bytes, reps, threads);
 }
+
+/* Read-only probe: each thread reads its slice as four interleaved streams (more misses in
+ * flight than one stream: measured ~5% faster here) and folds it into a xor that is stored, so
+ * no load is dead.  The ceiling of ops whose traffic is all reads (a KV cache or a weight
+ * matrix streamed once): on this VM reads alone peak lower than an NT copy's read + write. */
+static volatile uint64_t tsr_bench_sink;
+
+static uint64_t tsr_bench_read_slice(const char *s, int64_t n) {
+    typedef uint64_t v8u __attribute__((vector_size(64)));
+    v8u a = {0}, b = {0}, c = {0}, d = {0};
+    const int64_t q = n / 256 * 64; /* four streams of q bytes, 64-byte steps */
+    for (int64_t i = 0; i < q; i += 64) {
+        v8u x, y, z, w;
+        memcpy(&x, s + i, 64);
+        memcpy(&y, s + q + i, 64);
+        memcpy(&z, s + 2 * q + i, 64);
+        memcpy(&w, s + 3 * q + i, 64);
+        a ^= x; b ^= y; c ^= z; d ^= w;
+    }
+    a ^= b ^ c ^ d;
+    uint64_t r = 0;
+    for (int k = 0; k < 8; k++) r ^= a[k];
+    for (int64_t i = 4 * q; i < n; i++) r ^= (uint8_t)s[i];
+    return r;
+}
+
+/* Read `bytes` of src `reps` times on `threads` threads; returns TSR_OK. */
+int tsr_bench_read(const void *src, int64_t bytes, int64_t reps, int threads) {
+    if (bytes < 0 || reps < 0) return TSR_EINVAL;
+    const int nt = tsr_threads(threads);
+    for (int64_t r = 0; r < reps; r++) {
+        uint64_t x = 0;
+#pragma omp parallel num_threads(nt) reduction(^ : x)
+        {
+            int tid = 0, n = 1;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+            n = omp_get_num_threads();
+#endif
+            int64_t s, len;
+            tsr_bench_slice(bytes, n, tid, &s, &len);
+            if (len > 0) x ^= tsr_bench_read_slice((const char *)src + s, len);
+        }
+        tsr_bench_sink = x;
+    }
+    return TSR_OK;
+}

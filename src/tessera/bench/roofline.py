@@ -10,7 +10,11 @@ Memory bandwidth (the roofline of memory-bound ops)
       the destination, so it is the most bytes/s a single-pass kernel can reach.
       **This is the roofline** (``gbps``): % of roofline = op GB/s / this.
     * ``plain_copy`` -- ordinary stores (what a kernel without NT stores sees);
-    * ``torch_copy`` -- ``Tensor.copy_`` (PyTorch's own ceiling for eager code).
+    * ``torch_copy`` -- ``Tensor.copy_`` (PyTorch's own ceiling for eager code);
+    * ``read``       -- a read-only pass (``tsr_bench_read``), bytes read: the ceiling of
+      ops whose traffic is all reads (``OpSpec.bound == "read"``: decode attention over a
+      KV cache, a GEMV streaming its weight).  On this VM reads alone peak below an NT
+      copy's read + write, so judging such an op against the copy would understate it.
 
     Bandwidth drifts between runs on a shared VM; that is why it is measured
     in the same process, right before the rows it normalises.
@@ -56,7 +60,9 @@ def memory_bandwidth(mib: int = 256, repeats: int = 10, threads: int | None = No
         nt = cpu.declare(lib, "tsr_bench_copy_nt", "pplli")
         plain = cpu.declare(lib, "tsr_bench_copy_plain", "pplli")
         args = (cpu.ptr(dst), cpu.ptr(src), nbytes, 1, threads)
-        fns = {"nt_copy": lambda: nt(*args), "plain_copy": lambda: plain(*args), **fns}
+        read = cpu.declare(lib, "tsr_bench_read", "plli")
+        fns = {"nt_copy": lambda: nt(*args), "plain_copy": lambda: plain(*args), **fns,
+               "read": lambda: read(cpu.ptr(src), nbytes, 1, threads)}
         kind = "nt_copy"
     res = time_interleaved(fns, repeats, warmup=1, device=device)
     out = {"buffer_mib": int(mib), "threads": threads, "bytes": "read + written",
@@ -64,7 +70,7 @@ def memory_bandwidth(mib: int = 256, repeats: int = 10, threads: int | None = No
     for name, t in res.items():
         if t.median is None:
             raise RuntimeError(f"bandwidth probe {name} failed: {t.error}")
-        out[f"{name}_gbps"] = round(2 * nbytes / t.median / 1e9, 3)
+        out[f"{name}_gbps"] = round((1 if name == "read" else 2) * nbytes / t.median / 1e9, 3)
         out[f"{name}_spread"] = None if t.spread is None else round(t.spread, 3)
     out["gbps"] = out[f"{kind}_gbps"]
     del src, dst
@@ -92,6 +98,7 @@ def ceiling_callable(kind: str, nbytes: int, device: torch.device, mm_n: int = 1
 
     ``memory``: an NT-store copy of ``nbytes / 2`` bytes (so ``nbytes`` cross DRAM, read +
     written) between buffers allocated and touched here, once per row; units = bytes.
+    ``read``: a read-only pass over ``nbytes`` bytes (CPU; elsewhere the copy); units = bytes.
     ``compute``: an fp32 ``mm_n``^3 matmul; units = FLOPs.  None on devices without a probe.
     """
     if kind == "compute":
@@ -105,6 +112,11 @@ def ceiling_callable(kind: str, nbytes: int, device: torch.device, mm_n: int = 1
         dst = torch.zeros_like(src)
         return (lambda: dst.copy_(src)), 2 * half, "torch copy_ GB/s"
     from ..backends import cpu
+    if kind == "read":
+        buf = torch.ones(max(4096, (nbytes + 63) // 64 * 64), dtype=torch.uint8)
+        rd = cpu.declare(_lib(), "tsr_bench_read", "plli")
+        args = (cpu.ptr(buf), buf.numel(), 1, torch.get_num_threads())
+        return (lambda: (buf, rd(*args))), buf.numel(), "read GB/s"
     half = max(4096, (nbytes // 2 + 63) // 64 * 64)
     src = torch.ones(half, dtype=torch.uint8)
     dst = torch.zeros(half, dtype=torch.uint8)

@@ -12,7 +12,8 @@ interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
 * peers        -- forward rows only: other libraries' kernels from ``spec.peers`` (torch's
   int8/int4 CPU GEMMs, ONNX Runtime), each prepared once outside the timed loop;
 * the ceiling  -- memory-bound ops (``spec.bound == "memory"``): a non-temporal C copy
-  moving the row's byte count (read + written); compute-bound ops: an fp32
+  moving the row's byte count (read + written); read-bound ops (``"read"``: a KV cache,
+  a GEMV's weight): a read-only pass over the row's bytes; compute-bound ops: an fp32
   ``torch.matmul`` (see :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM
   drifts by tens of percent within minutes, so each row carries its own.
 
@@ -189,7 +190,8 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     flops = flops_fn(kw) if (bound == "compute" and flops_fn is not None) else None
     # the row's own ceiling, timed in the same interleaved loop as the contenders, so drift of
     # the machine (other tenants, frequency) moves the ceiling and the op together
-    ceiling = roofline.ceiling_callable("compute" if flops else "memory", nbytes, device)
+    kind = "compute" if flops else ("read" if bound == "read" else "memory")
+    ceiling = roofline.ceiling_callable(kind, nbytes, device)
     if ceiling is not None:
         calls[ROOF] = ceiling[0]
     res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device, budget_s=ROW_BUDGET_S)
@@ -199,10 +201,11 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
            "shape": "x".join(map(str, first.shape)) if first is not None else "", "shapes": shapes(kw),
            "bytes": int(nbytes), "repeats": max((len(t.samples) for t in res.values()), default=0),
            "ms": {}, "spread": {}, "inner": {},
-           "errors": errors, "bound": "compute" if flops else "memory", "flops": flops,
+           "errors": errors, "bound": kind, "flops": flops,
            "roof": None}
     if ceiling is not None and roof_t is not None and roof_t.median:
-        # GB/s of the copy (read + written) or GFLOP/s of the fp32 matmul, this row's denominator
+        # GB/s of the copy (read + written) or of the read pass, or GFLOP/s of the fp32 matmul:
+        # this row's denominator
         row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / roof_t.median / 1e9,
                        "spread": None if roof_t.spread is None else round(roof_t.spread, 3)}
     for name in fns:

@@ -208,10 +208,10 @@ def flops_fwd(kw):
 
 
 def bound(kw):
-    """GEMV (M <= 16) streams the weight: memory-bound; GEMM (M >= 64) is compute-bound."""
+    """GEMV (M <= 16) streams the weight: read-bound; GEMM (M >= 64) is compute-bound."""
     x = kw["x"]
     M = x.numel() // max(x.shape[-1], 1)
-    return "compute" if M >= 64 else "memory"
+    return "compute" if M >= 64 else "read"
 
 
 def peers(a8: bool = False):

@@ -213,8 +213,8 @@ def linear_flops_fwd(kw):
 
 
 def linear_bound(kw):
-    """Decode (M < 64) streams the weight: memory-bound; prefill (M >= 64) is compute-bound."""
-    return "compute" if _mkn(kw)[0] >= 64 else "memory"
+    """Decode (M < 64) streams the weight: read-bound; prefill (M >= 64) is compute-bound."""
+    return "compute" if _mkn(kw)[0] >= 64 else "read"
 
 
 # fp32 tolerance of the linears' outputs (written reason): the integer accumulators are exact

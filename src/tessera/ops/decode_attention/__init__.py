@@ -16,7 +16,9 @@ Kernels are flash-decoding: the keys of each (sequence, kv head) are cut into sp
 processed in parallel (partial max / sum / accumulator per split, one combine pass), each
 task serving the whole GQA group so every K/V byte is read once.
 
-Roofline (bytes that must cross DRAM): the K and V rows attended (+ their scales), q and out.
+Roofline (bytes that must cross DRAM): the K and V rows attended (+ their scales), q and out;
+all but q/out are reads, so ``tessera bench`` judges the rate against a read-only pass
+(``bound="read"``).
 
 AVX-512 inner loops (``decode_fast.h``): 16 (query head, key) dot products at once with one
 shuffle-add reduction for all 16, exponentials 16 keys at a time, and by (q, cache) dtype:
@@ -155,5 +157,6 @@ SPEC = register_op(OpSpec(
     kernels={"reference": "tessera.ops.decode_attention.ref", "cpu": "tessera.ops.decode_attention.cpu",
              "triton": "tessera.ops.decode_attention.triton"},
     cases=cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bench_cases=bench_cases(),
+    bound="read",  # the KV cache is read once; judged against a read-only pass over its bytes
     fuzz="test_decode_attention.py",  # paged-cache inputs: fuzzed there (hypothesis)
 ))

@@ -109,7 +109,7 @@ SPEC = register_op(OpSpec(
              "triton": "tessera.ops.int_mm.triton"},
     cases=_cases(), grad_inputs=(), dtypes=INT_DTYPES,
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd,
-    bound=lambda kw: "compute" if kw["a"].shape[0] >= 64 else "memory",
+    bound=lambda kw: "compute" if kw["a"].shape[0] >= 64 else "read",
     bench_cases=[_case(f"M{m}-K{k}-N{n}", m, k, n) for m, k, n in BENCH_SHAPES if m >= 64 or n == 4096],
     fuzz="test_qlinear_int8.py",
 ))

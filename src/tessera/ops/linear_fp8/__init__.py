@@ -114,9 +114,9 @@ def _flops_fwd(kw):
 
 
 def _bound(kw):
-    """Decode (M < 64) streams the weight: memory-bound; prefill is compute-bound."""
+    """Decode (M < 64) streams the weight: read-bound; prefill is compute-bound."""
     x = kw["x"]
-    return "compute" if x.numel() // x.shape[-1] >= 64 else "memory"
+    return "compute" if x.numel() // x.shape[-1] >= 64 else "read"
 
 
 SPEC = register_op(OpSpec(
