@@ -90,6 +90,7 @@ def test_bench_tiny_writes_json_and_png(tmp_path, capsys):
     assert rep["mode"]["malloc_tuning"] in (True, False) and rep["mode"]["tiny"] is True
     assert rep["roofline"]["roofline"] == "nt_copy" and rep["roofline"]["gbps"] > 0 and rep["roofline"]["read_gbps"] > 0
     assert rep["roofline"]["torch_copy_gbps"] > 0 and rep["matmul"]["float32_gflops"] > 0
+    assert rep["matmul"]["fma_peak_gflops"] > rep["matmul"]["float32_gflops"] * 0.5
     assert rep["overhead"][0]["op"] == "rms_norm"
     assert set(rep["overhead"][0]["us"]) == {"tessera-cpu", "eager", "noop_custom_op"}
     assert len(rep["rows"]) == n_rows

@@ -135,8 +135,10 @@ def header(report: dict) -> str:
                      f"rows, bytes read): {roof['read_gbps']:.2f} GB/s")
     else:
         lines.append(f"roofline = torch copy_ on {report['device']}: {roof['gbps']:.2f} GB/s")
-    mm_s = ", ".join(f"{k.replace('_gflops', '')} {v} GFLOP/s" for k, v in mm.items() if k.endswith("_gflops"))
-    lines.append(f"matmul {mm['n']}^3: {mm_s}")
+    mm_s = ", ".join(f"{k.replace('_gflops', '')} {v} GFLOP/s" for k, v in mm.items()
+                     if k.endswith("_gflops") and k != "fma_peak_gflops")
+    lines.append(f"matmul {mm['n']}^3: {mm_s}" + (f"; fp32 FMA peak (register-only loop): {mm['fma_peak_gflops']} GFLOP/s"
+                                                   if mm.get("fma_peak_gflops") else ""))
     for o in report["overhead"]:
         us = ", ".join(f"{k} {v if isinstance(v, str) else format(v, '.1f') + ' us'}" for k, v in o["us"].items())
         lines.append(f"per-call overhead {o['op']} {o['shapes']} {o['dtype']}: {us}")

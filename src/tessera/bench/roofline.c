@@ -127,3 +127,27 @@ int tsr_bench_read(const void *src, int64_t bytes, int64_t reps, int threads) {
     }
     return TSR_OK;
 }
+
+/* The fp32 FMA peak: `iters` steps of 12 independent register-resident multiply-adds of the
+ * widest vector the ISA level has (12 chains cover 2 pipes x 4-cycle latency with room), on
+ * every thread.  No memory traffic, nothing but FMAs: the ceiling no kernel can pass, against
+ * which a compute-bound op's (and torch.matmul's) fraction is stated.  Returns the floats per
+ * chain (16: tsr_v16); FLOPs = 2 * 12 * 16 * iters * threads. */
+int tsr_bench_fma_peak(int64_t iters, int threads) {
+    const int nt = tsr_threads(threads);
+    float x = 0.0f;
+#pragma omp parallel num_threads(nt) reduction(+ : x)
+    {
+        const tsr_v16 m = (tsr_v16){0} + 0.999999f, c = (tsr_v16){0} + 1e-7f;
+        tsr_v16 a0 = m, a1 = m + 1, a2 = m + 2, a3 = m + 3, a4 = m + 4, a5 = m + 5;
+        tsr_v16 a6 = m + 6, a7 = m + 7, a8 = m + 8, a9 = m + 9, a10 = m + 10, a11 = m + 11;
+        for (int64_t i = 0; i < iters; i++) {
+            a0 = a0 * m + c; a1 = a1 * m + c; a2 = a2 * m + c; a3 = a3 * m + c; a4 = a4 * m + c; a5 = a5 * m + c;
+            a6 = a6 * m + c; a7 = a7 * m + c; a8 = a8 * m + c; a9 = a9 * m + c; a10 = a10 * m + c; a11 = a11 * m + c;
+        }
+        const tsr_v16 s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
+        for (int k = 0; k < 16; k++) x += s[k];
+    }
+    tsr_bench_sink = (uint64_t)x;
+    return 16;
+}

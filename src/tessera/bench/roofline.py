@@ -22,7 +22,10 @@ Memory bandwidth (the roofline of memory-bound ops)
 Compute peak
     ``torch.matmul`` of n x n x n (2048 by default) in fp32 (and bf16, which uses
     AMX/AVX512-BF16 through oneDNN where present), GFLOP/s = 2 n^3 / t.  Recorded
-    for compute-bound ops (attention, GEMM) to be judged against.
+    for compute-bound ops (attention, GEMM) to be judged against.  Beside it the
+    fp32 FMA peak (``tsr_bench_fma_peak``: register-only multiply-adds on every
+    thread), the ceiling nothing passes: on the 2-core VM torch's matmul reaches
+    ~66% of it, so a kernel can beat "100% of matmul".
 
 On a CUDA device (the triton backend on a GPU) the C probe does not apply: the
 roofline there is the device's ``copy_`` rate.
@@ -81,6 +84,11 @@ def matmul_peak(n: int = 2048, repeats: int = 5, dtypes=(torch.float32, torch.bf
                 device: torch.device = torch.device("cpu")) -> dict:
     """GFLOP/s of an n^3 ``torch.matmul`` per dtype (median of ``repeats``)."""
     out: dict = {"n": n, "repeats": repeats}
+    if device.type == "cpu":
+        from ..backends import cpu
+        fma, iters, threads = cpu.declare(_lib(), "tsr_bench_fma_peak", "li"), 4_000_000, torch.get_num_threads()
+        t = time_interleaved({"fma": lambda: fma(iters, threads)}, repeats, warmup=1, device=device)["fma"]
+        out["fma_peak_gflops"] = None if t.median is None else round(2 * 12 * 16 * iters * threads / t.median / 1e9, 1)
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dt in dtypes:
         a = torch.randn(n, n, generator=gen).to(device=device, dtype=dt)
