@@ -85,7 +85,7 @@ int tsr_bench_copy_plain(void *dst, const void *src, int64_t bytes, int64_t reps
  * flight than one stream: measured ~5% faster here) and folds it into a xor that is stored, so
  * no load is dead.  The ceiling of ops whose traffic is all reads (a KV cache or a weight
  * matrix streamed once): on this VM reads alone peak lower than an NT copy's read + write. */
-static volatile uint64_t tsr_bench_sink;
+static uint64_t tsr_bench_sink;
 
 static uint64_t tsr_bench_read_slice(const char *s, int64_t n) {
     typedef uint64_t v8u __attribute__((vector_size(64)));
@@ -106,26 +106,15 @@ static uint64_t tsr_bench_read_slice(const char *s, int64_t n) {
     return r;
 }
 
-/* Read `bytes` of src `reps` times on `threads` threads; returns TSR_OK. */
+/* one thread's slice of the read pass (dst unused); the xor lands in the sink */
+static void tsr_bench_rd(char *d, const char *s, int64_t n) {
+    (void)d;
+    __atomic_fetch_xor(&tsr_bench_sink, tsr_bench_read_slice(s, n), __ATOMIC_RELAXED);
+}
+
+/* Read `bytes` of src `reps` times on `threads` threads (same slicing as the copies); TSR_OK. */
 int tsr_bench_read(const void *src, int64_t bytes, int64_t reps, int threads) {
-    if (bytes < 0 || reps < 0) return TSR_EINVAL;
-    const int nt = tsr_threads(threads);
-    for (int64_t r = 0; r < reps; r++) {
-        uint64_t x = 0;
-#pragma omp parallel num_threads(nt) reduction(^ : x)
-        {
-            int tid = 0, n = 1;
-#ifdef _OPENMP
-            tid = omp_get_thread_num();
-            n = omp_get_num_threads();
-#endif
-            int64_t s, len;
-            tsr_bench_slice(bytes, n, tid, &s, &len);
-            if (len > 0) x ^= tsr_bench_read_slice((const char *)src + s, len);
-        }
-        tsr_bench_sink = x;
-    }
-    return TSR_OK;
+    return tsr_bench_run(tsr_bench_rd, (void *)src, src, bytes, reps, threads);
 }
 
 /* The fp32 FMA peak: `iters` steps of 12 independent register-resident multiply-adds of the
