@@ -19,7 +19,10 @@ and roofline; ``ref.py`` the float64 references; ``cpu.py`` + ``qlinear_int4.c``
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch import Tensor
 
 from ... import _checks
 from ..._registry import Case
@@ -223,3 +226,52 @@ def peers(a8: bool = False):
     if a8:
         out["ort-matmulnbits-a8"] = P.ort_matmulnbits_a8
     return out
+
+
+# ---------------------------------------------------------------- the op wrapper and its spec
+
+def make_op(op: str, summary: str, spec_holder: dict):
+    """The public function, impl and ``tessera::<op>`` custom op of one int4 linear (both ops
+    share signature, checks and launch; ``spec_holder["spec"]`` is filled by ``register``)."""
+    from ..._library import direct, rows
+    from ..._registry import select
+
+    def impl(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Optional[Tensor], group_size: int,
+             bias: Optional[Tensor], activation: Optional[str], backend: str) -> Tensor:
+        check(op, x, weight, weight_scale, weight_zero, group_size, bias, activation)
+        mod = select(spec_holder["spec"], x.device, x.dtype, backend)
+        y = mod.forward(rows(x), weight, weight_scale, weight_zero, group_size, bias, activation)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    impl.__name__ = f"_{op}_impl"
+    custom = torch.library.custom_op(f"tessera::{op}", mutates_args=())(impl)
+
+    @custom.register_fake
+    def _(x, weight, weight_scale, weight_zero, group_size, bias, activation, backend):
+        check(op, x, weight, weight_scale, weight_zero, group_size, bias, activation)
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    def public(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Optional[Tensor] = None,
+               group_size: int = 128, bias: Optional[Tensor] = None, activation: Optional[str] = None,
+               *, backend: Optional[str] = None) -> Tensor:
+        python_types(op, x, weight, weight_scale, weight_zero, bias, activation, group_size)
+        return direct(custom, impl, x, weight, weight_scale, weight_zero, bias)(
+            x, weight, weight_scale, weight_zero, group_size, bias, activation, _checks.backend_arg(op, backend))
+
+    public.__name__ = public.__qualname__ = op
+    public.__doc__ = summary
+    return public, impl, custom
+
+
+def register(op: str, fn, ref, eager, spec_holder: dict, fp32_tol: dict, a8: bool):
+    """Register the OpSpec of one int4 linear: cases, bytes/FLOPs model, bound and peers are
+    shared; name, fn, references, tolerance and the W4A8 peer differ."""
+    from ..._registry import OpSpec, register_op
+    spec_holder["spec"] = register_op(OpSpec(
+        name=op, fn=fn, ref=ref, eager=eager,
+        kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
+                 "triton": f"tessera.ops.{op}.triton"},
+        cases=cases(), grad_inputs=(), bytes_fwd=bytes_fwd, flops_fwd=flops_fwd, bound=bound,
+        bench_cases=bench_cases(), fp32_tol=fp32_tol, fuzz="test_qlinear_int4.py", peers=peers(a8=a8),
+    ))
+    return spec_holder["spec"]

@@ -19,59 +19,19 @@ Forward only: no gradients (quantising x has no useful derivative; the weight is
 """
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
-from torch import Tensor
-
-from ... import _checks
-from ..._library import direct, rows
-from ..._registry import OpSpec, register_op, select
 from .. import _qlinear_int4 as Q
 from .._qlinear_int4.ref import w4a8_eager, w4a8_ref
 
 OP = "linear_w4a8"
+_holder: dict = {}
+linear_w4a8, _linear_w4a8_impl, _linear_w4a8 = Q.make_op(
+    OP, "``act(sx * sum_g fp32(acc_g) * s_g + bias)``: int4 weights, per-token int8 x (module docstring).", _holder)
 
-
-def _linear_w4a8_impl(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Optional[Tensor],
-                       group_size: int, bias: Optional[Tensor], activation: Optional[str], backend: str) -> Tensor:
-    Q.check(OP, x, weight, weight_scale, weight_zero, group_size, bias, activation)
-    mod = select(SPEC, x.device, x.dtype, backend)
-    y = mod.forward(rows(x), weight, weight_scale, weight_zero, group_size, bias, activation)
-    return y.view(*x.shape[:-1], weight.shape[0])
-
-
-_linear_w4a8 = torch.library.custom_op("tessera::linear_w4a8", mutates_args=())(_linear_w4a8_impl)
-
-
-@_linear_w4a8.register_fake
-def _(x, weight, weight_scale, weight_zero, group_size, bias, activation, backend):
-    Q.check(OP, x, weight, weight_scale, weight_zero, group_size, bias, activation)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def linear_w4a8(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Optional[Tensor] = None,
-                 group_size: int = 128, bias: Optional[Tensor] = None, activation: Optional[str] = None,
-                 *, backend: Optional[str] = None) -> Tensor:
-    """``act(sx * sum_g fp32(acc_g) * s_g + bias)``: int4 weights, per-token int8 x (module docstring)."""
-    Q.python_types(OP, x, weight, weight_scale, weight_zero, bias, activation, group_size)
-    return direct(_linear_w4a8, _linear_w4a8_impl, x, weight, weight_scale, weight_zero, bias)(
-        x, weight, weight_scale, weight_zero, group_size, bias, activation, _checks.backend_arg(OP, backend))
-
-
-SPEC = register_op(OpSpec(
-    name=OP, fn=linear_w4a8, ref=w4a8_ref, eager=w4a8_eager,
-    kernels={"reference": "tessera.ops.linear_w4a8.ref", "cpu": "tessera.ops.linear_w4a8.cpu",
-             "triton": "tessera.ops.linear_w4a8.triton"},
-    cases=Q.cases(), grad_inputs=(),
-    bytes_fwd=Q.bytes_fwd, flops_fwd=Q.flops_fwd, bound=Q.bound, bench_cases=Q.bench_cases(),
-    # the integer accumulators are exact; only the fp32 epilogue rounds.  Portable C: K/g <= 128
-    # terms fp32(acc_g) * s_g summed in fp32; AVX-512: each acc_g split into exact per-lane
-    # integer pieces (16 lanes per 128 k), each lane summing its K/128 scaled pieces by FMA, then
-    # one 16-lane tree: (K/128 + 4) roundings per output.  Either way the error is <= ~(K/g + 4)
-    # * eps32 * sum|terms| (sum|terms| <= sum_k |qx_k (q_k - z)| s_g) plus one multiply by sx --
-    # a few 1e-6 relative; atol 2e-5, rtol 1e-5.
-    fp32_tol={0: (1e-5, 2e-5)},
-    fuzz="test_qlinear_int4.py",
-    peers=Q.peers(a8=True),
-))
+# the integer accumulators are exact; only the fp32 epilogue rounds.  Portable C: K/g <= 128
+# terms fp32(acc_g) * s_g summed in fp32; AVX-512: each acc_g split into exact per-lane
+# integer pieces (16 lanes per 128 k), each lane summing its K/128 scaled pieces by FMA, then
+# one 16-lane tree: (K/128 + 4) roundings per output.  Either way the error is <= ~(K/g + 4)
+# * eps32 * sum|terms| (sum|terms| <= sum_k |qx_k (q_k - z)| s_g) plus one multiply by sx --
+# a few 1e-6 relative; atol 2e-5, rtol 1e-5.
+FP32_TOL = {0: (1e-5, 2e-5)}
+SPEC = Q.register(OP, linear_w4a8, w4a8_ref, w4a8_eager, _holder, FP32_TOL, a8=True)
