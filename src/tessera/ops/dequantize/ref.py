@@ -48,6 +48,18 @@ def dequantize_blocks_eager(data, scale, zero=None, block_rows=1, block=0, dtype
 
 # ---------------------------------------------------------------- reference backend kernel
 
+def launch_plan(data, block_rows, block, dtype):
+    """What the native and Triton launchers start from: M, K (unpacked values per row), the
+    block grid (br, bc, Kb), the empty (M, K) output and the codes as integers (fp8 viewed as
+    its uint8 bits, which both kernels decode with integer operations)."""
+    from ..._library import new_output
+    M = data.shape[0]
+    K = data.shape[1] * (2 if data.dtype == torch.uint8 else 1)
+    br, bc, _, Kb = grid(M, K, block_rows, block)
+    q = data.view(torch.uint8) if data.dtype.is_floating_point else data
+    return M, K, (br, bc, Kb), new_output((M, K), dtype, data.device), q
+
+
 def forward(data2, scale, zero, block_rows, block, dtype):
     return dequantize_blocks_eager(data2, scale, zero, block_rows, block, dtype)
 

@@ -11,12 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._library import new_output
 from ...backends.triton import interpreted
 from ...backends.triton_lang import fp8_bits_to_f32, round_bf16
-from ..quantize.ref import grid
 from ..quantize.triton import tiles
 from .cpu import KIND as _KIND
+from .ref import launch_plan
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -62,13 +61,9 @@ def _dequant_kernel(q_ptr, ldq, s_ptr, z_ptr, o_ptr, M, K, br, bc, Kb,
 
 
 def forward(data, scale, zero, block_rows, block, dtype):
-    M = data.shape[0]
-    K = data.shape[1] * (2 if data.dtype == torch.uint8 else 1)
-    br, bc, _, Kb = grid(M, K, block_rows, block)
-    out = new_output((M, K), dtype, data.device)
+    M, K, (br, bc, Kb), out, q = launch_plan(data, block_rows, block, dtype)
     if M == 0:
         return out
-    q = data.view(torch.uint8) if data.dtype.is_floating_point else data
     rb, cb = tiles(M, K)
     _dequant_kernel[(triton.cdiv(M, rb), triton.cdiv(K, cb))](
         q, data.stride(0), scale, scale if zero is None else zero, out, M, K, br, bc, Kb,
