@@ -95,6 +95,38 @@ def _seq_bounds(cu_q, cu_k, b):
 
 
 @triton.jit
+def _load_rows(ptr, t0, idx, L, stride_t, head_off, dcol, d_ok, UPCAST: tl.constexpr):
+    """Tile [i, d] = ptr[(t0 + idx_i) * stride_t + head_off + d] for idx_i < L, d < D (else 0),
+    upcast to fp32 under the interpreter; with its mask (the store of the same tile uses it)."""
+    m = (idx < L)[:, None] & d_ok[None, :]
+    x = tl.load(ptr + (t0 + idx).to(tl.int64)[:, None] * stride_t + head_off + dcol[None, :], mask=m, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x, m
+
+
+@triton.jit
+def _key_range(m0, Lq, Lk, off, wl, wr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi): the keys any query row of the block at m0 may see (lo rounded down to BLOCK_N)."""
+    lo = m0 * 0
+    hi = Lk
+    if HAS_WL:
+        lo = tl.maximum(m0 + off - wl, 0)
+    if HAS_WR:
+        hi = tl.minimum(hi, tl.minimum(m0 + BLOCK_M, Lq) + off + wr)
+    return (lo // BLOCK_N) * BLOCK_N, hi
+
+
+@triton.jit
+def _row_stats(lse_ptr, dl_ptr, h, Tq, q0, rows, row_ok):
+    """The saved lse (a keyless row's -inf read as +inf, so P = exp(s - lse) = 0) and D of rows."""
+    lse = tl.load(lse_ptr + h * Tq + q0 + rows, mask=row_ok, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse, tl.load(dl_ptr + h * Tq + q0 + rows, mask=row_ok, other=0.0)
+
+
+@triton.jit
 def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q, cu_k,
                      sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
                      Tq, Hq, D, group, scale, softcap, wl, wr,
@@ -113,31 +145,15 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q, cu_k,
         dcol = tl.arange(0, BLOCK_D)
         row_ok = rows < Lq
         d_ok = dcol < D
-        qm = row_ok[:, None] & d_ok[None, :]
-        q_off = (q0 + rows).to(tl.int64)[:, None] * sq_t + h.to(tl.int64) * sq_h + dcol[None, :]
-        q = tl.load(q_ptr + q_off, mask=qm, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-        # keys any row of this block may see: [lo, hi)
-        lo = m0 * 0
-        hi = Lk
-        if HAS_WL:
-            lo = tl.maximum(m0 + off - wl, 0)
-        if HAS_WR:
-            hi = tl.minimum(hi, tl.minimum(m0 + BLOCK_M, Lq) + off + wr)
-        lo = (lo // BLOCK_N) * BLOCK_N
+        q, qm = _load_rows(q_ptr, q0, rows, Lq, sq_t, h * sq_h, dcol, d_ok, UPCAST)
+        lo, hi = _key_range(m0, Lq, Lk, off, wl, wr, HAS_WL, HAS_WR, BLOCK_M, BLOCK_N)
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         for n0 in range(lo, hi, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
-            km = (cols < Lk)[:, None] & d_ok[None, :]
-            tok = (k0 + cols).to(tl.int64)[:, None]
-            k = tl.load(k_ptr + tok * sk_t + hk * sk_h + dcol[None, :], mask=km, other=0.0)
-            v = tl.load(v_ptr + tok * sv_t + hk * sv_h + dcol[None, :], mask=km, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
+            k, km = _load_rows(k_ptr, k0, cols, Lk, sk_t, hk * sk_h, dcol, d_ok, UPCAST)
+            v, km = _load_rows(v_ptr, k0, cols, Lk, sv_t, hk * sv_h, dcol, d_ok, UPCAST)
             s, t, ok = _scores(q, k, rows, cols, Lq, Lk, off, scale, softcap, wl, wr,
                                SOFTCAP, HAS_WL, HAS_WR, INTERP)
             s = tl.where(ok, s, float("-inf"))

@@ -36,7 +36,8 @@ import triton.language as tl
 
 from ..._library import new_output
 from ...backends.triton import interpreted, next_pow2
-from .triton import _check_dim, _round_bf16, _scores, _seq_bounds, block_d, flags, unit_last
+from .triton import (_check_dim, _key_range, _load_rows, _round_bf16, _row_stats, _scores, _seq_bounds, block_d,
+                      flags, unit_last)
 
 
 @triton.jit
@@ -47,13 +48,8 @@ def _attn_bwd_delta_kernel(do_ptr, o_ptr, dl_ptr, sd_t, sd_h, Tq, Hq, D,
     h = tl.program_id(1).to(tl.int64)
     dcol = tl.arange(0, BLOCK_D)
     row_ok = rows < Tq
-    m = row_ok[:, None] & (dcol < D)[None, :]
-    tok = rows.to(tl.int64)[:, None]
-    do = tl.load(do_ptr + tok * sd_t + h * sd_h + dcol[None, :], mask=m, other=0.0)
-    o = tl.load(o_ptr + tok * (Hq * D) + h * D + dcol[None, :], mask=m, other=0.0)
-    if UPCAST:
-        do = do.to(tl.float32)
-        o = o.to(tl.float32)
+    do, m = _load_rows(do_ptr, 0, rows, Tq, sd_t, h * sd_h, dcol, dcol < D, UPCAST)
+    o, m = _load_rows(o_ptr, 0, rows, Tq, Hq * D, h * D, dcol, dcol < D, UPCAST)
     dd = tl.dot(do, tl.trans(o), input_precision="ieee")
     diag = tl.sum(tl.where(rows[:, None] == rows[None, :], dd, 0.0), axis=1)
     tl.store(dl_ptr + h * Tq + rows, diag, mask=row_ok)
@@ -76,13 +72,8 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dk_ptr, 
         cols = n0 + tl.arange(0, BLOCK_N)
         dcol = tl.arange(0, BLOCK_D)
         d_ok = dcol < D
-        km = (cols < Lk)[:, None] & d_ok[None, :]
-        tok = (k0 + cols).to(tl.int64)[:, None]
-        k = tl.load(k_ptr + tok * sk_t + hk * sk_h + dcol[None, :], mask=km, other=0.0)
-        v = tl.load(v_ptr + tok * sv_t + hk * sv_h + dcol[None, :], mask=km, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, km = _load_rows(k_ptr, k0, cols, Lk, sk_t, hk * sk_h, dcol, d_ok, UPCAST)
+        v, km = _load_rows(v_ptr, k0, cols, Lk, sv_t, hk * sv_h, dcol, d_ok, UPCAST)
         dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
         dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
         # queries that may see any key of this block: [lo, hi)
@@ -97,17 +88,9 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dk_ptr, 
             h = hk * group + g
             for m0 in range(lo, hi, BLOCK_M):
                 rows = m0 + tl.arange(0, BLOCK_M)
-                row_ok = rows < Lq
-                qm = row_ok[:, None] & d_ok[None, :]
-                qt = (q0 + rows).to(tl.int64)[:, None]
-                q = tl.load(q_ptr + qt * sq_t + h * sq_h + dcol[None, :], mask=qm, other=0.0)
-                do = tl.load(do_ptr + qt * sd_t + h * sd_h + dcol[None, :], mask=qm, other=0.0)
-                if UPCAST:
-                    q = q.to(tl.float32)
-                    do = do.to(tl.float32)
-                lse = tl.load(lse_ptr + h * Tq + q0 + rows, mask=row_ok, other=float("inf"))
-                lse = tl.where(lse == float("-inf"), float("inf"), lse)  # keyless row: P = 0
-                dl = tl.load(dl_ptr + h * Tq + q0 + rows, mask=row_ok, other=0.0)
+                q, qm = _load_rows(q_ptr, q0, rows, Lq, sq_t, h * sq_h, dcol, d_ok, UPCAST)
+                do, qm = _load_rows(do_ptr, q0, rows, Lq, sd_t, h * sd_h, dcol, d_ok, UPCAST)
+                lse, dl = _row_stats(lse_ptr, dl_ptr, h, Tq, q0, rows, rows < Lq)
                 s, t, ok = _scores(q, k, rows, cols, Lq, Lk, off, scale, softcap, wl, wr,
                                    SOFTCAP, HAS_WL, HAS_WR, INTERP)
                 p = tl.exp(tl.where(ok, s, float("-inf")) - lse[:, None])  # masked or keyless: 0
@@ -119,7 +102,7 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dk_ptr, 
                 dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
         dk = _round_bf16(dk * scale, RNE_BF16)
         dv = _round_bf16(dv, RNE_BF16)
-        o_off = tok * (Hk * D) + hk * D + dcol[None, :]
+        o_off = (k0 + cols).to(tl.int64)[:, None] * (Hk * D) + hk * D + dcol[None, :]
         tl.store(dk_ptr + o_off, dk.to(dk_ptr.dtype.element_ty), mask=km)
         tl.store(dv_ptr + o_off, dv.to(dv_ptr.dtype.element_ty), mask=km)
 
@@ -141,35 +124,16 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dq_ptr, cu
         hk = h // group
         rows = m0 + tl.arange(0, BLOCK_M)
         dcol = tl.arange(0, BLOCK_D)
-        row_ok = rows < Lq
         d_ok = dcol < D
-        qm = row_ok[:, None] & d_ok[None, :]
-        qt = (q0 + rows).to(tl.int64)[:, None]
-        q = tl.load(q_ptr + qt * sq_t + h * sq_h + dcol[None, :], mask=qm, other=0.0)
-        do = tl.load(do_ptr + qt * sd_t + h * sd_h + dcol[None, :], mask=qm, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        lse = tl.load(lse_ptr + h * Tq + q0 + rows, mask=row_ok, other=float("inf"))
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)
-        dl = tl.load(dl_ptr + h * Tq + q0 + rows, mask=row_ok, other=0.0)
-        lo = m0 * 0
-        hi = Lk
-        if HAS_WL:
-            lo = tl.maximum(m0 + off - wl, 0)
-        if HAS_WR:
-            hi = tl.minimum(hi, tl.minimum(m0 + BLOCK_M, Lq) + off + wr)
-        lo = (lo // BLOCK_N) * BLOCK_N
+        q, qm = _load_rows(q_ptr, q0, rows, Lq, sq_t, h * sq_h, dcol, d_ok, UPCAST)
+        do, qm = _load_rows(do_ptr, q0, rows, Lq, sd_t, h * sd_h, dcol, d_ok, UPCAST)
+        lse, dl = _row_stats(lse_ptr, dl_ptr, h, Tq, q0, rows, rows < Lq)
+        lo, hi = _key_range(m0, Lq, Lk, off, wl, wr, HAS_WL, HAS_WR, BLOCK_M, BLOCK_N)
         dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         for n0 in range(lo, hi, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
-            km = (cols < Lk)[:, None] & d_ok[None, :]
-            tok = (k0 + cols).to(tl.int64)[:, None]
-            k = tl.load(k_ptr + tok * sk_t + hk * sk_h + dcol[None, :], mask=km, other=0.0)
-            v = tl.load(v_ptr + tok * sv_t + hk * sv_h + dcol[None, :], mask=km, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
+            k, km = _load_rows(k_ptr, k0, cols, Lk, sk_t, hk * sk_h, dcol, d_ok, UPCAST)
+            v, km = _load_rows(v_ptr, k0, cols, Lk, sv_t, hk * sv_h, dcol, d_ok, UPCAST)
             s, t, ok = _scores(q, k, rows, cols, Lq, Lk, off, scale, softcap, wl, wr,
                                SOFTCAP, HAS_WL, HAS_WR, INTERP)
             p = tl.exp(tl.where(ok, s, float("-inf")) - lse[:, None])  # masked or keyless: 0
@@ -179,6 +143,7 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, dl_ptr, dq_ptr, cu
                 ds = ds * (1.0 - t * t)
             dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         dq = _round_bf16(dq * scale, RNE_BF16)
+        qt = (q0 + rows).to(tl.int64)[:, None]
         tl.store(dq_ptr + qt * (Hq * D) + h * D + dcol[None, :], dq.to(dq_ptr.dtype.element_ty), mask=qm)
 
 
