@@ -27,11 +27,16 @@ FlashAttention does, the normaliser sums the rounded values); fp16/bf16 q x int8
 ``vpdpwssd`` (q quantised to int16 per head, error <= 2^-16 of its max, ~100x below bf16
 rounding); fp32 FMAs otherwise (all fp32 q); a few lines of the next chunk prefetched per head.
 
-Measured (``tessera bench``, benchmarks/results/2026-12-03b-cpu): 64 MiB of bf16 KV (B=1 x 16384
-tokens) in 4.6 ms, 41x gather + SDPA in the same run, 25% of an NT copy of the same bytes
-(19% and 6.2 ms before the AVX-512 rewrite); int8 KV 3.8 ms.  One thread from DRAM the bf16 path
-reads at 75-81% of a plain AVX-512 read loop and int8 is 1.58x faster than bf16: with two
-threads on this shared VM the 2-thread OpenMP join, not bandwidth, sets the pace.
+Measured (``tessera bench``, benchmarks/results/2026-12-03c-cpu): 64 MiB of bf16 KV (B=1 x
+16384 tokens) in 4.2 ms, 44x gather + SDPA in the same run, 39% of a read-only pass over the
+same bytes (47-60% in the extended grid); int8 KV 3.3 ms (1.1-2.1x faster than bf16 across
+the grid and runs).  Per (key, kv head), G = 4, D = 128, one thread: ~23-26 ns from L2 for
+both cache kinds, ~40-50 ns from DRAM -- the loads of a chunk and its compute overlap only in
+part.  Tried and measured slower or equal (interleaved A/B, see issue #3's note): no
+prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or
+spread evenly over the whole (chunk, head) step (1.2x slower), every second line only, chunks
+of 16/32/128 keys, token-major streaming of K and V for the hardware prefetcher (1.3x slower);
+huge pages for the cache gain 6-11%.
 """
 from __future__ import annotations
 
