@@ -35,7 +35,7 @@ both cache kinds, ~40-50 ns from DRAM -- the loads of a chunk and its compute ov
 part.  Tried and measured slower or equal (interleaved A/B, see issue #3's note): no
 prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or
 spread evenly over the whole (chunk, head) step (1.2x slower), every second line only, chunks
-of 16/32/128 keys, token-major streaming of K and V for the hardware prefetcher (1.3x slower);
+of 16/32/128 keys, token-major streaming of K and V for the hardware prefetcher (1.15-1.5x slower);
 huge pages for the cache gain 6-11%.
 """
 from __future__ import annotations
