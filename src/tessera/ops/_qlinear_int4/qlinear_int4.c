@@ -17,13 +17,13 @@
  * the OpenMP threads dynamically in contiguous runs; each tile writes its finished outputs
  * (bias, activation, conversion) directly, so a call has no barrier but the final join (x is
  * prepared serially first when small).  Decode (M <= 16) is one x block: the weight crosses
- * DRAM once.  Prefill reuses each weight tile, unpacked once per 128-k chunk (W4A8) or decoded
- * once per group into an L1 fp32 buffer (W4A16), across the MBB rows of the block.
+ * DRAM once.  Each weight tile is unpacked once per 128-k chunk (W4A8) across the MBB rows of
+ * the block, or decoded into registers once per 4 x rows (W4A16 below the GEMM sizes).
  *
  * AVX-512 paths (__AVX512F__ builds):
  *   W4A16: 16 bytes -> vpmovzxbd -> vpermps through a 16-entry table {i - z} (low nibble = the
  *          index's low 4 bits; >> 4 for the high nibble): (q - z) as fp32 in 3 ops, then FMAs with
- *          the permuted x, per-group vector sums times s_g (one FMA per group).  bf16 x at M < 4
+ *          the permuted x, per-group vector sums times s_g (one FMA per group).  bf16 x at M < 64
  *          (where the CPU has AVX512-BF16): vdpbf16ps on the bf16 bits, see the header file.
  *   W4A8 : vpdpbusd with the nibbles (0..15) as the UNSIGNED operand and qx (-127..127) as the
  *          signed one (chosen at run time where the CPU has AVX512-VNNI; else the portable loop).
@@ -192,8 +192,8 @@ int tsr_qlinear_int4(int mode, const void *x, int64_t sx, int dtype, const uint8
     }
     int failed = mode == 0 ? !xp : (!qx || !xs || !sxs);
     const int fast = !force_c && qlin_fast_ok(mode);
-    /* bf16 x at decode sizes: vdpbf16ps on the bf16 bits (no fp32 copy of x) */
-    const int dpbf16 = fast && mode == 0 && dtype == TSR_BF16 && M < 4 && qlin_bf16_ok();
+    /* bf16 x below the GEMM sizes: vdpbf16ps on the bf16 bits (no fp32 copy of x) */
+    const int dpbf16 = fast && mode == 0 && dtype == TSR_BF16 && M < 64 && qlin_bf16_ok();
     uint16_t *xb = NULL;
     if (dpbf16) {
         free(xp);
