@@ -1,6 +1,7 @@
 """``OpSpec.peers``: other libraries' kernels are timed beside eager/compile in forward rows,
 a peer that cannot run records its reason, and the report derives a speedup for each."""
 import dataclasses
+import time
 
 import torch
 
@@ -43,3 +44,22 @@ def test_read_bound_rows_are_judged_against_a_read_pass():
     assert tessera.OPS["decode_attention"].bound == "read"
     bw = runner.roofline.memory_bandwidth(mib=8, repeats=2)
     assert bw["read_gbps"] > 0 and bw["nt_copy_gbps"] > 0
+
+
+def test_short_calls_get_an_untimed_call_before_each_sample():
+    """Calls under ``rewarm_below_s`` run once untimed before each timed sample (the previous
+    contender's spinning threads disturb the next few ms on a 2-core VM); longer ones do not."""
+    from tessera.bench import timing
+    counts = {"fast": 0, "slow": 0}
+
+    def fast():
+        counts["fast"] += 1
+
+    def slow():
+        counts["slow"] += 1
+        time.sleep(0.004)
+
+    res = timing.time_interleaved({"fast": fast, "slow": slow}, 3, warmup=1, rewarm_below_s=0.003)
+    n_fast, n_slow = res["fast"].inner, res["slow"].inner
+    assert len(res["fast"].samples) == len(res["slow"].samples) == 3
+    assert counts["fast"] == 1 + 3 * (n_fast + 1) and counts["slow"] == 1 + 3 * n_slow

@@ -46,6 +46,9 @@ from ..testing.cases import seed_for
 from . import roofline, timing
 
 DIRECTIONS = ("fwd", "bwd")
+# calls shorter than this get one untimed call before each sample (timing.time_interleaved): the
+# previous contender's spinning thread pools disturb the next few ms; longer calls absorb it
+REWARM_BELOW_S = 0.02
 ROOF = "_roofline"  # the per-row ceiling's entry in the interleaved loop (not a contender)
 ROW_BUDGET_S = 15.0  # timed seconds per row at most (slow rows get fewer samples, >= 3)
 
@@ -194,7 +197,8 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     ceiling = roofline.ceiling_callable(kind, nbytes, device)
     if ceiling is not None:
         calls[ROOF] = ceiling[0]
-    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device, budget_s=ROW_BUDGET_S)
+    res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device, budget_s=ROW_BUDGET_S,
+                                  rewarm_below_s=REWARM_BELOW_S)
     roof_t = res.pop(ROOF, None)
     first = next((v for v in kw.values() if isinstance(v, torch.Tensor)), None)
     row = {"op": p.spec.name, "case": p.case.name, "dtype": dtype_name(p.dtype), "dir": p.direction,

@@ -62,8 +62,17 @@ def _err(e: BaseException) -> str:
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, *, warmup: int = 2,
                      device: torch.device = torch.device("cpu"), min_sample_s: float = 2e-3,
                      inner: int | None = None, max_inner: int = 10_000,
-                     budget_s: float | None = None, min_repeats: int = 3) -> dict[str, Timing]:
+                     budget_s: float | None = None, min_repeats: int = 3,
+                     rewarm_below_s: float = 0.0) -> dict[str, Timing]:
     """Median-ready samples for each callable in ``fns``, timed in rotating turns.
+
+    ``rewarm_below_s``: a callable whose call takes less than this gets one untimed call before
+    each sample.  On the 2-core VM the thread pools of the previous contender (ORT's, torch's and
+    our OpenMP threads all spin after a call) and the vCPUs they woke disturb the next call for
+    up to a few ms: measured, a 0.36 ms W4A16 GEMV timed right after ORT's MatMulNBits took
+    3.7 ms, and ORT's 0.54 ms took 1.2-1.7 ms right after ours.  The untimed call absorbs that, so
+    each contender is timed in its own steady state (as in an application calling it layer after
+    layer) while the rotation still cancels the machine's drift.
 
     A callable that raises (during warm-up or timing) is dropped with its error
     recorded; the others continue, so one failing baseline never hides the rest.
@@ -101,6 +110,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, *, warm
                 continue
             fn, n = fns[name], t.inner
             try:
+                if cost[name] / n < rewarm_below_s:
+                    fn()
                 sync(device)
                 t0 = time.perf_counter()
                 for _ in range(n):

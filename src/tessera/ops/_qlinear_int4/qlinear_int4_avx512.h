@@ -7,9 +7,11 @@
  */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__GNUC__)
 
-/* software prefetch distance (bytes ahead in each weight row): streaming 4 rows at once is more
- * than the hardware prefetcher keeps in flight for one core */
-#define QPF 1024
+/* software prefetch distance (bytes ahead in each weight row, W4A16): streaming 4 rows at once is
+ * more than the hardware prefetcher keeps in flight for one core.  Measured (M = 1, 4096 x 11008
+ * g128 from DRAM, interleaved): 8 KiB ahead is 1.4x (fp32 x) / 1.55x (bf16 x) faster on 2 threads
+ * than 1 KiB, 16 KiB no better; L3-resident 4096^2 weights gain ~8%. */
+#define QPF 8192
 
 static inline int qlin_fast_ok(int mode) {
     if (mode == 0) return 1;
