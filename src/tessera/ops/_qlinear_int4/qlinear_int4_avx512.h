@@ -67,7 +67,7 @@ TSR_BLK_INLINE void w4a16_rows(const uint8_t *const *wr, const int64_t *rowi, co
 }
 
 /* One tile (x rows [m0, m1), at most MBB, below the GEMM sizes): 4 x rows per register decode.
- * (An L1 buffer of the decoded group shared by all 16 rows of a block measured 1.5-1.9x slower
+ * (An L1 buffer of the decoded group shared by all 16 rows of a block measured 1.6-2.9x slower
  * at M = 4-16: its reloads cost more than decoding again per 4 rows.) */
 static void w4a16_tile_fast(const uint8_t *w, const float *ws, const uint8_t *wz, const float *xp, float *yt,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t N, int64_t K, int64_t G) {
