@@ -12,40 +12,13 @@ what a user writes in plain PyTorch in x's dtype: dequantise the weight to x.dty
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from ...backends.reference import up
 from ...quant import contract
+from .._qlinear_int8.ref import activate  # the epilogue activations shared by the quantized linears
 from . import dequantize_weight, unpack_int4
-
-
-def act64(y, activation):
-    if activation is None:
-        return y
-    if activation == "relu":
-        return torch.clamp_min(y, 0.0)
-    if activation == "gelu":
-        return 0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))
-    if activation == "gelu_tanh":
-        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y ** 3)))
-    if activation == "silu":
-        return y * torch.sigmoid(y)
-    raise ValueError(activation)
-
-
-def act_eager(y, activation):
-    if activation is None:
-        return y
-    if activation == "relu":
-        return F.relu(y)
-    if activation == "gelu":
-        return F.gelu(y)
-    if activation == "gelu_tanh":
-        return F.gelu(y, approximate="tanh")
-    return F.silu(y)
 
 
 def _codes_minus_zero(weight, weight_zero, group_size):
@@ -62,7 +35,7 @@ def w4a16_ref(x, weight, weight_scale, weight_zero=None, group_size=128, bias=No
     y = up(x) @ w.T
     if bias is not None:
         y = y + up(bias)
-    return act64(y, activation)
+    return activate(y, activation)
 
 
 def w4a8_accumulators(x, weight, weight_zero, group_size):
@@ -82,19 +55,19 @@ def w4a8_ref(x, weight, weight_scale, weight_zero=None, group_size=128, bias=Non
     y = (acc * up(weight_scale)).sum(-1) * up(sx)[..., None]
     if bias is not None:
         y = y + up(bias)
-    return act64(y, activation)
+    return activate(y, activation)
 
 
 def w4a16_eager(x, weight, weight_scale, weight_zero=None, group_size=128, bias=None, activation=None):
     w = dequantize_weight(weight, weight_scale, weight_zero, group_size, x.dtype)
-    return act_eager(F.linear(x, w, None if bias is None else bias.to(x.dtype)), activation)
+    return activate(F.linear(x, w, None if bias is None else bias.to(x.dtype)), activation)
 
 
 def w4a8_eager(x, weight, weight_scale, weight_zero=None, group_size=128, bias=None, activation=None):
     qx, sx = contract.quantize_rows(x, torch.int8)
     xd = (qx.float() * sx[..., None]).to(x.dtype)
     w = dequantize_weight(weight, weight_scale, weight_zero, group_size, x.dtype)
-    return act_eager(F.linear(xd, w, None if bias is None else bias.to(x.dtype)), activation)
+    return activate(F.linear(xd, w, None if bias is None else bias.to(x.dtype)), activation)
 
 
 # ---------------------------------------------------------------- reference backend kernels

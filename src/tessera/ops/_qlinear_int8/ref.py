@@ -13,7 +13,6 @@ activation), so kernels differ from this reference only by a few fp32 roundings.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -27,18 +26,18 @@ INT_DTYPES = (torch.int8, torch.int16)
 
 
 def activate(y: torch.Tensor, activation) -> torch.Tensor:
-    """The epilogue activations, in y's dtype (float64 in the reference)."""
+    """The epilogue activations of the quantized linears, in y's dtype: the fused torch ops a user
+    writes (exact enough in float64 for the references)."""
     if activation is None:
         return y
     if activation == "relu":
         return torch.relu(y)
     if activation == "gelu":
-        return 0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))
-    if activation == "gelu_tanh":  # 0.5 y (1 + tanh(u)) = y * sigmoid(2u)
-        u = math.sqrt(2.0 / math.pi) * (y + 0.044715 * y * y * y)
-        return y * torch.sigmoid(2.0 * u)
+        return torch.nn.functional.gelu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
     if activation == "silu":
-        return y * torch.sigmoid(y)
+        return torch.nn.functional.silu(y)
     raise ValueError(f"unknown activation {activation!r}")
 
 

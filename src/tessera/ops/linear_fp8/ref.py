@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ...backends.reference import up
 from ...quant import contract
+from .._qlinear_int8.ref import activate  # the epilogue activations shared by the quantized linears
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -27,20 +28,6 @@ XQ = torch.float8_e4m3fn  # activations are always e4m3 (max 448): the finer man
 def scale_kind(weight_scale: torch.Tensor) -> str:
     """"tensor" (shape []), "row" (shape [N]) or "block" (shape [ceil(N/128), ceil(K/128)])."""
     return ("tensor", "row", "block")[weight_scale.dim()]
-
-
-def activate(y: torch.Tensor, activation) -> torch.Tensor:
-    if activation is None:
-        return y
-    if activation == "relu":
-        return torch.relu(y)
-    if activation == "gelu":
-        return F.gelu(y)
-    if activation == "gelu_tanh":
-        return F.gelu(y, approximate="tanh")
-    if activation == "silu":
-        return F.silu(y)
-    raise ValueError(f"unknown activation {activation!r}")
 
 
 def quantize_x(x2: torch.Tensor, block: bool):
