@@ -234,22 +234,9 @@ BF16_TARGET static void task_bf16(const ctx_t *c, const uint16_t *qx, const floa
     __m512i lut[4];
     for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(c->lut16 + 32 * i);
     const float *swr = blk ? c->ws + (n0 / QB) * c->KB : NULL;  /* 4-row groups never straddle blocks */
-    const void *wsrc;
-    if (direct) {
-        /* rows past N repeat the last valid row (their results are discarded) */
-        wsrc = c->w + n0 * c->K;
-        if (nv < NRG) {
-            for (int r = 0; r < NRG; r++) {
-                const uint8_t *src = c->w + (n0 + (r < nv ? r : nv - 1)) * c->K;
-                for (int64_t k = 0; k < c->KP; k += 32) {
-                    const __mmask32 mk = c->K - k >= 32 ? 0xffffffffu : ((1u << (c->K - k)) - 1u);
-                    _mm512_storeu_si512(wb + r * c->LD + k, dec32(src + k, mk, lut));
-                }
-            }
-            wsrc = wb;
-            direct = 0;
-        }
-    } else {
+    const void *wsrc = c->w + n0 * c->K;
+    if (nv < NRG) direct = 0;  /* a partial group is decoded: its missing rows repeat the last one */
+    if (!direct) {             /* (their results are discarded) */
         for (int r = 0; r < NRG; r++) {
             const uint8_t *src = c->w + (n0 + (r < nv ? r : nv - 1)) * c->K;
             for (int64_t k = 0; k < c->KP; k += 32) {
