@@ -63,3 +63,20 @@ def test_short_calls_get_an_untimed_call_before_each_sample():
     n_fast, n_slow = res["fast"].inner, res["slow"].inner
     assert len(res["fast"].samples) == len(res["slow"].samples) == 3
     assert counts["fast"] == 1 + 3 * (n_fast + 1) and counts["slow"] == 1 + 3 * n_slow
+
+
+def test_paged_decode_rows_carry_the_layout_read():
+    """``OpSpec.layout_read`` (paged decode): forward rows time a plain read of the same scattered
+    pages with the contenders and state the op's rate as a fraction of it; other rows have none."""
+    spec = tessera.OPS["decode_attention"]
+    case = next(c for c in spec.cases if c.name == "b2-long-1500")
+    plan = runner.Plan(spec, case, torch.bfloat16, "fwd", ("cpu",))
+    kw = runner.make_inputs(spec, case, torch.bfloat16, torch.device("cpu"))
+    row = report.finish_row(runner.measure(plan, 3, torch.device("cpu"), kw, warmup=1), 10.0)
+    assert row["layout_roof"]["rate"] > 0 and row["pct_layout"]["tessera-cpu"] > 0
+    assert "%layout" in report.table([row]) and "of the layout read" in report.progress_line(1, 1, row)
+    silu = tessera.OPS["silu"]
+    plan = runner.Plan(silu, silu.bench_cases[0], torch.float32, "fwd", ("cpu",))
+    kw = runner.make_inputs(silu, silu.bench_cases[0], torch.float32, torch.device("cpu"), scale=0.01)
+    row = report.finish_row(runner.measure(plan, 3, torch.device("cpu"), kw, warmup=1), 10.0)
+    assert row["layout_roof"] is None and row["pct_layout"]["tessera-cpu"] is None

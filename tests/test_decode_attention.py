@@ -434,3 +434,32 @@ def test_decode_ignores_table_entries_it_does_not_read(backend):
     assert torch.equal(tessera.decode_attention(**stale, window=2, backend=backend), good)
     with pytest.raises(ValueError, match="entry -5"):  # without the window, column 0 of sequence 1 is read
         tessera.decode_attention(**stale, backend=backend)
+
+
+def _xor_words(t: torch.Tensor) -> int:
+    """xor of a row's 8-byte words, its tail padded with zero bytes (paged_read.c's rule)."""
+    b = t.contiguous().view(torch.uint8).numpy().tobytes()
+    b += bytes(-len(b) % 8)
+    return int(np.bitwise_xor.reduce(np.frombuffer(b, dtype=np.uint64), initial=np.uint64(0)))
+
+
+@pytest.mark.parametrize("variant", ["same", torch.int8])
+@pytest.mark.parametrize("window", [-1, 70])
+def test_paged_read_reads_exactly_the_attended_rows(variant, window):
+    """The bench's layout read (OpSpec.layout_read, paged_read.c) reads every attended token's K
+    and V rows (all kv heads) and scales once and nothing else: its xor of the words read equals
+    the host's over those rows, on shuffled pages, a window, odd lengths and several splits."""
+    if not backend_available("cpu", torch.device("cpu"))[0]:
+        pytest.skip("no C compiler")
+    kw = _decode_case("x", 3, 8, 2, 24, 16, [1000, 0, 77], variant=variant, window=window).make(
+        torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(7))
+    expect = 0
+    bt = kw["block_table"]
+    for b, n in enumerate(kw["seq_lens"].tolist()):
+        for t in range(max(0, n - window) if window > 0 else 0, n):
+            pg, slot = int(bt[b, t // 16]), t % 16
+            for name in ("k_cache", "v_cache", "k_scale", "v_scale"):
+                if kw[name] is not None:
+                    expect ^= _xor_words(kw[name][pg, slot])
+    read = DECODE.layout_read(kw)
+    assert read() == expect != 0

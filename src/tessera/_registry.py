@@ -78,6 +78,12 @@ class OpSpec:
     # the row's own ceiling, timed in the same interleaved loop as the contenders; may also be a
     # function of the kwargs (a quantized GEMV is memory-bound, the same op's GEMM compute-bound)
     bound: str | Callable[[dict], str] = "memory"
+    # a plain read of exactly the bytes the op must read, in the order its memory layout allows
+    # (a paged KV cache through its block table), with no compute: factory(kwargs) -> no-arg
+    # callable, or None where there is none (another device).  `tessera bench` times it in the
+    # row's loop and states the op's rate as a fraction of it beside the ceiling above: pages
+    # scattered in memory read slower than the one linear buffer of the read pass
+    layout_read: Callable[[dict], Any] | None = None
     bench_cases: list[Case] = dataclasses.field(default_factory=list)
     # per-output fp32 tolerance override {output index: (rtol, atol)} with a written reason
     fp32_tol: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)

@@ -7,6 +7,10 @@ Derived per row (all from medians measured in the same run):
 * ``gflops``        -- compute-bound ops (``OpSpec.bound == "compute"``): FLOPs / median time;
 * ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: an NT copy of the
   same bytes, or an fp32 matmul, timed interleaved with the contenders);
+* ``pct_layout``    -- rows of ops with ``OpSpec.layout_read`` (paged decode): the rate / that
+  of a plain read of the same bytes in the op's own layout (its scattered pages), timed in
+  the row's loop: what the memory system gives for the layout, where ``pct_roofline`` is
+  against one linear buffer;
 * ``speedup``       -- eager time / tessera time and compile time / tessera time, and the
   same for every peer of the row (``OpSpec.peers``) (> 1 means tessera is faster).
 """
@@ -68,6 +72,8 @@ def finish_row(row: dict, roof_gbps: float) -> dict:
         rates = row["gbps"]
     roof = (row.get("roof") or {}).get("rate") or (roof_gbps if row.get("bound") != "compute" else None)
     row["pct_roofline"] = {k: (100.0 * g / roof if (g and roof) else None) for k, g in rates.items()}
+    lay = (row.get("layout_roof") or {}).get("rate")
+    row["pct_layout"] = {k: (100.0 * g / lay if (g and lay) else None) for k, g in row["gbps"].items()}
     row["speedup"] = {}
     for k, v in ms.items():
         if k.startswith("tessera-") and v:
@@ -99,14 +105,16 @@ def progress_line(i: int, n: int, row: dict) -> str:
         label = k.replace("tessera-", "")
         extra = ""
         if k.startswith("tessera-") and v:
-            extra = f" ({_rate(row, k)}, {_f(row['pct_roofline'][k], '.0f')}%)"
+            lay = row.get("pct_layout", {}).get(k)
+            extra = (f" ({_rate(row, k)}, {_f(row['pct_roofline'][k], '.0f')}%"
+                     + (f", {lay:.0f}% of the layout read" if lay else "") + ")")
         parts.append(f"{label} {_f(v, '.3f', 'ERR')} ms{extra}")
     return f"[{i}/{n}] {row['op']} {row['case']} ({row['shape']}) {row['dtype']} {row['dir']}: " + " | ".join(parts)
 
 
 def table(rows: list[dict]) -> str:
     head = ["op", "case", "shape", "dtype", "dir", "backend", "tessera ms", "eager ms", "compile ms",
-            "rate", "roof", "%roof", "eager %roof", "compile %roof", "x eager", "x compile", "x peers"]
+            "rate", "roof", "%roof", "%layout", "eager %roof", "compile %roof", "x eager", "x compile", "x peers"]
     lines = []
     for r in rows:
         for k, v in r["ms"].items():
@@ -116,6 +124,7 @@ def table(rows: list[dict]) -> str:
             lines.append([r["op"], r["case"], r["shape"], r["dtype"], r["dir"], k[len("tessera-"):], _f(v, ".3f", "ERR"),
                           _f(r["ms"].get("eager"), ".3f", "ERR"), _f(r["ms"].get("compile"), ".3f", "ERR"),
                           _rate(r, k), _roof(r), _f(r["pct_roofline"][k], ".0f"),
+                          _f(r.get("pct_layout", {}).get(k), ".0f"),
                           _f(r["pct_roofline"].get("eager"), ".0f"), _f(r["pct_roofline"].get("compile"), ".0f"),
                           _f(sp.get("eager"), ".2f"), _f(sp.get("compile"), ".2f"),
                           " ".join(f"{b} {_f(x, '.2f')}" for b, x in sp.items() if b not in ("eager", "compile")) or "-"])

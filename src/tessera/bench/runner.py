@@ -15,7 +15,9 @@ interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
   moving the row's byte count (read + written); read-bound ops (``"read"``: a KV cache,
   a GEMV's weight): a read-only pass over the row's bytes; compute-bound ops: an fp32
   ``torch.matmul`` (see :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM
-  drifts by tens of percent within minutes, so each row carries its own.
+  drifts by tens of percent within minutes, so each row carries its own;
+* the layout read -- forward rows of ops with ``spec.layout_read`` (paged decode): a plain
+  read of the row's bytes in the op's own memory layout (scattered pages), no compute.
 
 Forward rows call each under ``torch.no_grad``.  Backward rows run each
 contender's forward once with ``requires_grad`` leaves (``spec.grad_inputs``), then
@@ -50,6 +52,7 @@ DIRECTIONS = ("fwd", "bwd")
 # previous contender's spinning thread pools disturb the next few ms; longer calls absorb it
 REWARM_BELOW_S = 0.02
 ROOF = "_roofline"  # the per-row ceiling's entry in the interleaved loop (not a contender)
+LAYOUT = "_layout_read"  # OpSpec.layout_read's entry (not a contender either)
 ROW_BUDGET_S = 15.0  # timed seconds per row at most (slow rows get fewer samples, >= 3)
 
 
@@ -197,21 +200,27 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     ceiling = roofline.ceiling_callable(kind, nbytes, device)
     if ceiling is not None:
         calls[ROOF] = ceiling[0]
+    layout = p.spec.layout_read(kw) if (p.spec.layout_read is not None and p.direction == "fwd") else None
+    if layout is not None:
+        calls[LAYOUT] = layout
     res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device, budget_s=ROW_BUDGET_S,
                                   rewarm_below_s=REWARM_BELOW_S)
-    roof_t = res.pop(ROOF, None)
+    roof_t, layout_t = res.pop(ROOF, None), res.pop(LAYOUT, None)
     first = next((v for v in kw.values() if isinstance(v, torch.Tensor)), None)
     row = {"op": p.spec.name, "case": p.case.name, "dtype": dtype_name(p.dtype), "dir": p.direction,
            "shape": "x".join(map(str, first.shape)) if first is not None else "", "shapes": shapes(kw),
            "bytes": int(nbytes), "repeats": max((len(t.samples) for t in res.values()), default=0),
            "ms": {}, "spread": {}, "inner": {},
            "errors": errors, "bound": kind, "flops": flops,
-           "roof": None}
+           "roof": None, "layout_roof": None}
     if ceiling is not None and roof_t is not None and roof_t.median:
         # GB/s of the copy (read + written) or of the read pass, or GFLOP/s of the fp32 matmul:
         # this row's denominator
         row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / roof_t.median / 1e9,
                        "spread": None if roof_t.spread is None else round(roof_t.spread, 3)}
+    if layout_t is not None and layout_t.median:  # the op's bytes read plainly in its own layout
+        row["layout_roof"] = {"rate": nbytes / layout_t.median / 1e9,
+                              "spread": None if layout_t.spread is None else round(layout_t.spread, 3)}
     for name in fns:
         t = res.get(name)
         if t is None:

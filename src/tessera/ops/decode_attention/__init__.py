@@ -17,8 +17,11 @@ processed in parallel (partial max / sum / accumulator per split, one combine pa
 task serving the whole GQA group so every K/V byte is read once.
 
 Roofline (bytes that must cross DRAM): the K and V rows attended (+ their scales), q and out;
-all but q/out are reads, so ``tessera bench`` judges the rate against a read-only pass
-(``bound="read"``).
+all but q/out are reads, so ``tessera bench`` judges the rate against a read-only pass over
+one linear buffer (``bound="read"``), and also against a plain read of the same scattered
+pages through the block table (``layout_read``: paged_read.c, reported as ``%layout``).
+Pages scattered by the table read slower than one buffer: each 16-token page restarts the
+hardware prefetcher's stream (on the 2-core VM ~25-35 GB/s against ~42 for one buffer).
 
 AVX-512 inner loops (``decode_fast.h``): 16 (query head, key) dot products at once with one
 shuffle-add reduction for all 16, exponentials 16 keys at a time, and by (q, cache) dtype:
@@ -27,16 +30,17 @@ FlashAttention does, the normaliser sums the rounded values); fp16/bf16 q x int8
 ``vpdpwssd`` (q quantised to int16 per head, error <= 2^-16 of its max, ~100x below bf16
 rounding); fp32 FMAs otherwise (all fp32 q); a few lines of the next chunk prefetched per head.
 
-Measured (``tessera bench``, benchmarks/results/2026-12-03c-cpu): 64 MiB of bf16 KV (B=1 x
-16384 tokens) in 4.2 ms, 44x gather + SDPA in the same run, 39% of a read-only pass over the
-same bytes (47-60% in the extended grid); int8 KV 3.3 ms (1.1-2.1x faster than bf16 across
-the grid and runs).  Per (key, kv head), G = 4, D = 128, one thread: ~23-26 ns from L2 for
-both cache kinds, ~40-50 ns from DRAM -- the loads of a chunk and its compute overlap only in
-part.  Tried and measured slower or equal (interleaved A/B, see issue #3's note): no
-prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or
-spread evenly over the whole (chunk, head) step (1.2x slower), every second line only, chunks
-of 16/32/128 keys, token-major streaming of K and V for the hardware prefetcher (1.15-1.5x slower);
-huge pages for the cache gain 6-11%.
+Measured (``tessera bench --op decode_attention --extended --dtype bf16``,
+benchmarks/results/2026-12-03e-cpu): bf16 KV at 64-71% of the layout read (53-59% of the
+linear read pass) from 4096 keys per sequence up, B=1 x 16384 tokens (64 MiB) in 4.0 ms, 47x
+gather + SDPA; int8 KV at 40-62% of its layout read, 1.25-1.5x faster than bf16 KV.  B=1 x
+1024 keys (4 MiB, 0.33 ms) reaches 25%: per-call costs and split start-up dominate.  Per (key, kv head), G = 4, D = 128,
+one thread: ~21 ns from L2 for both cache kinds (compute), ~40-50 ns from DRAM -- the loads of
+a chunk and its compute overlap only in part, which costs int8 (half the bytes, the same
+compute) most.  Tried and measured slower or equal (interleaved A/B, see issue #3's notes): no
+prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or spread
+over scores and P.V (1.2x slower), every second line only, chunks of 16/32/128 keys, whole
+token rows prefetched in memory order (1.15-1.5x slower); huge pages for the cache gain 4-11%.
 """
 from __future__ import annotations
 
@@ -157,11 +161,20 @@ def _flops_fwd(kw):
     return 4 * _kv_keys(kw) * (q.shape[1] // kw["k_cache"].shape[2]) * kw["k_cache"].shape[2] * q.shape[2]
 
 
+def _paged_read(kw):
+    """The bench's plain read of the attended pages (cpu/paged_read.c); None off the CPU."""
+    if kw["k_cache"].device.type != "cpu":
+        return None
+    from . import cpu
+    return cpu.paged_read(kw)
+
+
 SPEC = register_op(OpSpec(
     name=OP, fn=decode_attention, ref=decode_attention_ref, eager=decode_attention_eager,
     kernels={"reference": "tessera.ops.decode_attention.ref", "cpu": "tessera.ops.decode_attention.cpu",
              "triton": "tessera.ops.decode_attention.triton"},
     cases=cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bench_cases=bench_cases(),
     bound="read",  # the KV cache is read once; judged against a read-only pass over its bytes
+    layout_read=_paged_read,  # ... and against a plain read of the same scattered pages
     fuzz="test_decode_attention.py",  # paged-cache inputs: fuzzed there (hypothesis)
 ))

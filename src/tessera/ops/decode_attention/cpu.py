@@ -8,6 +8,7 @@ called once per layer per token and that pass cost ~40 us a call.  When the kern
 bad index, the op's Python check runs to name it."""
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from ..append_kv.ref import CACHE_DTYPES  # noqa: F401  (every cache dtype)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("decode_attention.c")
+_READ_SRC = Path(__file__).with_name("paged_read.c")
 CACHE_CODE = {**cpu.DTYPE_CODE, torch.int8: 8, torch.float8_e4m3fn: 9}
 
 
@@ -44,3 +46,18 @@ def forward(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, 
 
 def backward(*args):
     raise NotImplementedError("decode_attention has no gradient (inference only)")
+
+
+def paged_read(kw):
+    """A no-arg callable reading exactly the bytes ``forward`` must read, in page order
+    (paged_read.c), returning the xor of the words read: ``tessera bench``'s reference for
+    what the memory system gives for this layout (``OpSpec.layout_read``)."""
+    kc, vc, ks, vs = kw["k_cache"], kw["v_cache"], kw.get("k_scale"), kw.get("v_scale")
+    bt, sl = kw["block_table"], kw["seq_lens"]
+    f = cpu.library("decode_paged_read", _READ_SRC).tsr_decode_paged_read
+    f.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_int]
+    f.restype = ctypes.c_uint64
+    NB, P, Hk, D = kc.shape
+    args = (cpu.ptr(kc), cpu.ptr(vc), cpu.ptr(ks), cpu.ptr(vs), cpu.ptr(bt), cpu.ptr(sl), sl.shape[0], Hk, D, P,
+            bt.shape[1], kc.element_size(), kw.get("window", -1), max(1, torch.get_num_threads()))
+    return lambda: f(*args)
