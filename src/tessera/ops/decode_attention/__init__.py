@@ -53,7 +53,7 @@ from torch import Tensor
 
 from ... import _checks
 from ..._library import direct
-from ..._registry import BackendError, OpSpec, register_op, select
+from ..._registry import BackendError, OpSpec, backend_available, register_op, select
 from ..append_kv import check_cache_pair, check_index, check_pages, host_ints
 from .cases import bench_cases, cases
 from .ref import decode_attention_eager, decode_attention_ref, keys_read
@@ -162,8 +162,9 @@ def _flops_fwd(kw):
 
 
 def _paged_read(kw):
-    """The bench's plain read of the attended pages (cpu/paged_read.c); None off the CPU."""
-    if kw["k_cache"].device.type != "cpu":
+    """The bench's plain read of the attended pages (cpu/paged_read.c); None off the CPU or
+    without a C compiler."""
+    if kw["k_cache"].device.type != "cpu" or not backend_available("cpu", kw["k_cache"].device)[0]:
         return None
     from . import cpu
     return cpu.paged_read(kw)

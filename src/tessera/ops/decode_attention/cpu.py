@@ -60,4 +60,5 @@ def paged_read(kw):
     NB, P, Hk, D = kc.shape
     args = (cpu.ptr(kc), cpu.ptr(vc), cpu.ptr(ks), cpu.ptr(vs), cpu.ptr(bt), cpu.ptr(sl), sl.shape[0], Hk, D, P,
             bt.shape[1], kc.element_size(), kw.get("window", -1), max(1, torch.get_num_threads()))
-    return lambda: f(*args)
+    keep = (kc, vc, ks, vs, bt, sl)  # the raw pointers' owners live as long as the callable
+    return lambda: (keep, f(*args))[1]
