@@ -268,7 +268,10 @@ static void prep_q(const char *qb, int64_t Hq, int64_t D, int64_t DP, int q_dtyp
         if (kind == DA_I8) {
             float mx = 0.0f;
 #pragma omp simd reduction(max : mx)
-            for (int64_t e = 0; e < D; e++) mx = fmaxf(mx, fabsf(tmp[e]));
+            for (int64_t e = 0; e < D; e++) { /* not fmaxf: without -ffast-math that is a libm call per element */
+                const float a = fabsf(tmp[e]);
+                mx = a > mx ? a : mx;
+            }
             const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
             int16_t *d = (int16_t *)dst + j * DP;
             qsc[j] = mx / 32767.0f;
