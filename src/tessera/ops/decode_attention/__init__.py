@@ -39,8 +39,11 @@ one thread: ~21 ns from L2 for both cache kinds (compute), ~40-50 ns from DRAM -
 a chunk and its compute overlap only in part, which costs int8 (half the bytes, the same
 compute) most.  Tried and measured slower or equal (interleaved A/B, see issue #3's notes): no
 prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or spread
-over scores and P.V (1.2x slower), every second line only, chunks of 16/32/128 keys, whole
-token rows prefetched in memory order (1.15-1.5x slower); huge pages for the cache gain 4-11%.
+over scores and P.V (1.1-1.25x slower, also with a division-free counter), every second line
+only, chunks of 16/32/128 keys, whole token rows prefetched in memory order (1.15-1.5x slower),
+scores with each key's 8-dim blocks broadcast to the four heads' lanes (one 4-way reduction per
+4 keys instead of the 16-way one: equal for bf16, 1.2x slower for int8); huge pages for the
+cache gain 4-11%.
 """
 from __future__ import annotations
 
