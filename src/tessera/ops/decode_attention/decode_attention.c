@@ -24,6 +24,7 @@
  * Compute per (key, kv head), G = 4, D = 128, one Zen4 thread, L2-resident, bf16 q: 21 ns bf16
  * cache, 21 ns int8, 31 ns fp16 (fp32 FMAs), against 45-50 ns for the previous kernel.
  */
+#include "splits.h"
 #include "tessera_avx512.h"
 
 enum { DA_I8 = 8, DA_F8 = 9, CH = 64 };
@@ -318,8 +319,7 @@ int tsr_decode_attention(const void *q, const void *kc, const void *vc, const fl
     const int64_t max_keys = da_check(bt, seq_lens, B, MB, P, NB, window);
     if (max_keys < 0) return TSR_EINVAL;
     if (B * Hq * D * (max_keys > 1 ? max_keys : 1) / 4 < min_par) nthreads = 1;
-    const int64_t want = (4 * (int64_t)nthreads + B - 1) / B;
-    const int64_t S = want < max_keys / 256 ? want : (max_keys / 256 > 1 ? max_keys / 256 : 1);
+    const int64_t S = da_splits(B, nthreads, max_keys);
     float *part = malloc((size_t)(B * Hk * S * (Hq / Hk) * (D + 2)) * sizeof(float));
     if (!part) return TSR_ENOMEM;
     const int64_t G = Hq / Hk, DP = (D + 31) / 32 * 32;

@@ -14,13 +14,13 @@
  * 16 tokens) prefetched -- the fastest plain read measured for NHD pages (2 threads, B = 1 x
  * 16384 tokens, 8 x 128 heads: bf16 ~equal with or without the prefetch, int8 (16 KiB pages)
  * 22 -> 30-35 GB/s with it; head-major and page-interleaved orders were slower).  Tasks are
- * (sequence, split) with the kernel's split rule (>= ~4 tasks per thread, >= 256 keys per
- * split), dynamic over threads.
+ * (sequence, split) with the kernel's split rule (splits.h), dynamic over threads.
  * Returns the xor of all 8-byte words read (a row's tail padded with zero bytes), so a test
  * can check from the host that exactly the attended rows were read. */
 #include <stdint.h>
 #include <string.h>
 
+#include "splits.h"
 #include "tessera_cpu.h"
 
 typedef uint64_t rd_v8u __attribute__((vector_size(64)));
@@ -56,8 +56,7 @@ uint64_t tsr_decode_paged_read(const char *kc, const char *vc, const char *ks, c
         const int64_t n = seq_lens[b], k = window > 0 && n > window ? window : n;
         most = k > most ? k : most;
     }
-    const int64_t want = (4 * (int64_t)nthreads + B - 1) / B;
-    const int64_t S = want < most / 256 ? want : (most / 256 > 1 ? most / 256 : 1), rb = Hk * D * es;
+    const int64_t S = da_splits(B, nthreads, most), rb = Hk * D * es;
     const int64_t ahead = P >= 16 ? P : 16; /* prefetch distance in tokens */
     uint64_t x = 0;
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(dynamic, 1) reduction(^ : x)
