@@ -191,3 +191,29 @@ def test_supports_reports_reasons():
     assert not ok and "meta" in why
     ok, why = _registry.supports(spec, "cpu", torch.device("cpu"), torch.float64)
     assert not ok and "float64" in why
+
+
+def test_launch_env_reads_follow_every_change(monkeypatch):
+    """``tessera._env.get`` (the launch path's cheap ``os.environ.get``) sees a variable set,
+    changed and removed at run time through ``os.environ`` or monkeypatch, and its default."""
+    import os
+    from tessera import _env
+    name = "TESSERA_ENV_PROBE_VAR"
+    monkeypatch.delenv(name, raising=False)
+    assert _env.get(name) == "" and _env.get(name, "d") == "d"
+    monkeypatch.setenv(name, "a")
+    assert _env.get(name) == "a"
+    os.environ[name] = "b-\u00e9"
+    assert _env.get(name) == os.environ.get(name) == "b-\u00e9"
+    del os.environ[name]
+    assert _env.get(name, "gone") == "gone"
+
+
+def test_shaped_views_like_view():
+    """``_library.shaped`` (view with unpacked sizes) gives what ``view(shape)`` gives, 0-d included."""
+    from tessera._library import shaped
+    t = torch.arange(6.0)
+    for shape in [(2, 3), (6,), (1, 2, 3), torch.Size([3, 2])]:
+        assert torch.equal(shaped(t, shape), t.view(shape)) and shaped(t, shape).data_ptr() == t.data_ptr()
+    s = shaped(torch.tensor([5.0]), ())
+    assert s.dim() == 0 and s.item() == 5.0

@@ -40,6 +40,12 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return out
 
 
+def shaped(t: torch.Tensor, shape) -> torch.Tensor:
+    """``t.view(shape)``, with the sizes unpacked: torch parses ``view(*sizes)`` ~2 us faster
+    than ``view(torch.Size)``, which is most of a tiny decode-time call's reshape cost."""
+    return t.view(*shape) if len(shape) else t.view(shape)
+
+
 def rows(t: torch.Tensor) -> torch.Tensor:
     """View ``t`` as (rows, last_dim) with unit inner stride, copying only when impossible.
 

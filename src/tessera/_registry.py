@@ -24,11 +24,12 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib
-import os
 import warnings
 from typing import Any, Callable, Iterator
 
 import torch
+
+from . import _env
 
 BACKENDS = ("reference", "cpu", "triton")
 _override: contextvars.ContextVar[str] = contextvars.ContextVar("tessera_backend", default="")
@@ -175,7 +176,7 @@ def requested_backend(explicit: str | None) -> str:
     """The explicitly requested backend name, or "" for automatic selection."""
     if explicit:
         return explicit
-    return _override.get() or os.environ.get("TESSERA_BACKEND", "")
+    return _override.get() or _env.get("TESSERA_BACKEND")
 
 
 _warned_fallback = False
@@ -194,7 +195,7 @@ def select(spec: OpSpec, device: torch.device, dtype: torch.dtype, explicit: str
         # a misspelt name is bad input (ValueError naming where it came from), not an unavailable backend
         where = "argument 'backend'" if explicit else "environment variable TESSERA_BACKEND"
         raise ValueError(f"tessera.{spec.name}: {where}={name!r} is not a backend; expected one of {BACKENDS}")
-    key = (spec.name, name, device.type, dtype, os.environ.get("TRITON_INTERPRET", ""))
+    key = (spec.name, name, device.type, dtype, _env.get("TRITON_INTERPRET"))
     mod = _selected.get(key)
     if mod is None:
         mod = _selected[key] = _select(spec, device, dtype, name)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .. import _jit
+from .. import _env, _jit
 
 ISA_LEVELS = ("avx512", "avx2", "generic")
 _BASE_FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast",
@@ -67,7 +67,7 @@ def supported_isas() -> list[str]:
 
 
 def isa() -> str:
-    forced = os.environ.get("TESSERA_CPU_ISA", "")
+    forced = _env.get("TESSERA_CPU_ISA")
     if not forced:
         return _best_isa()
     if forced not in ISA_LEVELS:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
 import torch
 
+from .. import _env
+
 
 def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
+    return _env.get("TRITON_INTERPRET") == "1"
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,11 +5,11 @@ to prove they are bit-exact with the VNNI ones); the generic/avx2 levels always 
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from ... import _env
 from ..._library import new_output
 from ...backends import cpu
 from .ref import ACT_CODE, DTYPES, INT_DTYPES  # noqa: F401
@@ -28,7 +28,7 @@ def has_vnni() -> bool:
 
 
 def _vnni_ok() -> int:
-    return int(os.environ.get("TESSERA_QI8_VNNI", "1") != "0")
+    return int(_env.get("TESSERA_QI8_VNNI", "1") != "0")
 
 
 def _run(x, xkind, bits, weight, sw, bias, act, y, ydtype):

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .ref import attention_eager, attention_ref, window_bounds
 
@@ -137,7 +137,7 @@ def _attention_impl(q: Tensor, k: Tensor, v: Tensor, cu_q: Optional[Tensor], cu_
     out, lse = mod.forward(qp, kp, vp, cq, ck, mq, mk, _scale(q, scale), window_left, window_right, softcap)
     if cu_q is None:  # (H, B*S) -> (B, H, S)
         lse = lse.view(q.shape[2], q.shape[0], q.shape[1]).transpose(0, 1).contiguous()
-    return out.view(q.shape), lse
+    return shaped(out, q.shape), lse
 
 
 def _lse_shape(q, varlen):
@@ -164,7 +164,7 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     lse_p = lse if varlen else lse.transpose(0, 1).reshape(q.shape[2], -1)
     dq, dk, dv = mod.backward(_packed(dout, varlen), qp, kp, vp, _packed(out, varlen), lse_p.contiguous(), cq, ck,
                               mq, mk, _scale(q, scale), window_left, window_right, softcap)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    return shaped(dq, q.shape), shaped(dk, k.shape), shaped(dv, v.shape)
 
 
 @_attention_backward.register_fake

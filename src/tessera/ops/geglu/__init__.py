@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import geglu_eager, geglu_ref
@@ -37,7 +37,7 @@ def _check(gate, up, approximate):
 def _geglu_impl(gate: Tensor, up: Tensor, approximate: str, backend: str) -> Tensor:
     _check(gate, up, approximate)
     mod = select(SPEC, gate.device, gate.dtype, backend)
-    return mod.forward(ew.as_rows(gate), ew.as_rows(up), approximate).view(gate.shape)
+    return shaped(mod.forward(ew.as_rows(gate), ew.as_rows(up), approximate), gate.shape)
 
 
 _geglu = torch.library.custom_op("tessera::geglu", mutates_args=())(_geglu_impl)
@@ -54,7 +54,7 @@ def _geglu_backward(dy: Tensor, gate: Tensor, up: Tensor, approximate: str,
                     backend: str) -> tuple[Tensor, Tensor]:
     mod = select(SPEC, gate.device, gate.dtype, backend)
     dgate, dup = mod.backward(ew.as_rows(dy), ew.as_rows(gate), ew.as_rows(up), approximate)
-    return dgate.view(gate.shape), dup.view(gate.shape)
+    return shaped(dgate, gate.shape), shaped(dup, gate.shape)
 
 
 @_geglu_backward.register_fake

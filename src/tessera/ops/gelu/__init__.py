@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import gelu_eager, gelu_ref
@@ -35,7 +35,7 @@ def _check(x, approximate):
 def _gelu_impl(x: Tensor, approximate: str, backend: str) -> Tensor:
     _check(x, approximate)
     mod = select(SPEC, x.device, x.dtype, backend)
-    return mod.forward(ew.as_rows(x), approximate).view(x.shape)
+    return shaped(mod.forward(ew.as_rows(x), approximate), x.shape)
 
 
 _gelu = torch.library.custom_op("tessera::gelu", mutates_args=())(_gelu_impl)
@@ -50,7 +50,7 @@ def _(x, approximate, backend):
 @torch.library.custom_op("tessera::gelu_backward", mutates_args=())
 def _gelu_backward(dy: Tensor, x: Tensor, approximate: str, backend: str) -> Tensor:
     mod = select(SPEC, x.device, x.dtype, backend)
-    return mod.backward(ew.as_rows(dy), ew.as_rows(x), approximate).view(x.shape)
+    return shaped(mod.backward(ew.as_rows(dy), ew.as_rows(x), approximate), x.shape)
 
 
 @_gelu_backward.register_fake

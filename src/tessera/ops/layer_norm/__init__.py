@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import rows, direct
+from ..._library import direct, rows, shaped
 from ..._registry import Case, OpSpec, register_op, select
 from ...testing import cases as C
 from ..rms_norm import norm_bytes_bwd, norm_bytes_fwd  # the same roofline: one pass over rows
@@ -54,8 +54,8 @@ def _layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]
     _check(x, weight, bias, residual, eps)
     mod = select(SPEC, x.device, x.dtype, backend)
     y, h, mean, rstd = mod.forward(rows(x), weight, bias, None if residual is None else rows(residual), eps)
-    h = x.new_empty(0) if h is None else h.view(x.shape)
-    return y.view(x.shape), h, mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
+    h = x.new_empty(0) if h is None else shaped(h, x.shape)
+    return shaped(y, x.shape), h, shaped(mean, x.shape[:-1]), shaped(rstd, x.shape[:-1])
 
 
 _layer_norm = torch.library.custom_op("tessera::layer_norm", mutates_args=())(_layer_norm_impl)
@@ -78,7 +78,7 @@ def _layer_norm_backward(dy: Tensor, dh: Optional[Tensor], h: Tensor, weight: Op
                               mean.reshape(-1).contiguous(), rstd.reshape(-1).contiguous(), eps)
     dw = h.new_empty(0) if dw is None else dw.to(weight.dtype)
     db = h.new_empty(0) if db is None else db.to(bias.dtype)
-    return dx.view(h.shape), dw, db
+    return shaped(dx, h.shape), dw, db
 
 
 @_layer_norm_backward.register_fake

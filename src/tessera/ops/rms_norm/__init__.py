@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import rows, direct
+from ..._library import direct, rows, shaped
 from ..._registry import Case, OpSpec, register_op, select
 from ...testing import cases as C
 from .ref import rms_norm_eager, rms_norm_ref
@@ -50,8 +50,8 @@ def _rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tenso
     _check(x, weight, residual, eps)
     mod = select(SPEC, x.device, x.dtype, backend)
     y, h, rstd = mod.forward(rows(x), weight, None if residual is None else rows(residual), eps)
-    h = x.new_empty(0) if h is None else h.view(x.shape)
-    return y.view(x.shape), h, rstd.view(x.shape[:-1])
+    h = x.new_empty(0) if h is None else shaped(h, x.shape)
+    return shaped(y, x.shape), h, shaped(rstd, x.shape[:-1])
 
 
 _rms_norm = torch.library.custom_op("tessera::rms_norm", mutates_args=())(_rms_norm_impl)
@@ -71,7 +71,7 @@ def _rms_norm_backward(dy: Tensor, dh: Optional[Tensor], h: Tensor, weight: Opti
     dx, dw = mod.backward(rows(dy), None if dh is None else rows(dh), rows(h), weight,
                          rstd.reshape(-1).contiguous(), eps)
     dw = h.new_empty(0) if dw is None else dw.to(weight.dtype)
-    return dx.view(h.shape), dw
+    return shaped(dx, h.shape), dw
 
 
 @_rms_norm_backward.register_fake

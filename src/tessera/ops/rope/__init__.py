@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .cache import rope_cache
 from .ref import rope_eager, rope_ref
@@ -135,7 +135,7 @@ def _rope_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Opt
     mod = select(SPEC, q.device, q.dtype, backend)
     _check_positions(q, cos, position_ids)
     qo, ko = mod.forward(*_views(q, k, cos, sin, position_ids), interleaved, r)
-    return qo.view(q.shape), ko.view(k.shape)
+    return shaped(qo, q.shape), shaped(ko, k.shape)
 
 
 _rope = torch.library.custom_op("tessera::rope", mutates_args=())(_rope_impl)
@@ -153,7 +153,7 @@ def _rope_backward(dq_out: Tensor, dk_out: Tensor, cos: Tensor, sin: Tensor, pos
     mod = select(SPEC, dq_out.device, dq_out.dtype, backend)
     r = dq_out.shape[-1] if rotary_dim < 0 else rotary_dim
     dq, dk = mod.backward(*_views(dq_out, dk_out, cos, sin, position_ids), interleaved, r)
-    return dq.view(dq_out.shape), dk.view(dk_out.shape)
+    return shaped(dq, dq_out.shape), shaped(dk, dk_out.shape)
 
 
 @_rope_backward.register_fake

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import silu_eager, silu_ref
@@ -26,7 +26,7 @@ OP = "silu"
 def _silu_impl(x: Tensor, backend: str) -> Tensor:
     ew.check_unary(OP, x)
     mod = select(SPEC, x.device, x.dtype, backend)
-    return mod.forward(ew.as_rows(x)).view(x.shape)
+    return shaped(mod.forward(ew.as_rows(x)), x.shape)
 
 
 _silu = torch.library.custom_op("tessera::silu", mutates_args=())(_silu_impl)
@@ -41,7 +41,7 @@ def _(x, backend):
 @torch.library.custom_op("tessera::silu_backward", mutates_args=())
 def _silu_backward(dy: Tensor, x: Tensor, backend: str) -> Tensor:
     mod = select(SPEC, x.device, x.dtype, backend)
-    return mod.backward(ew.as_rows(dy), ew.as_rows(x)).view(x.shape)
+    return shaped(mod.backward(ew.as_rows(dy), ew.as_rows(x)), x.shape)
 
 
 @_silu_backward.register_fake

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .. import _elementwise as ew
 from .ref import swiglu_eager, swiglu_ref
@@ -32,7 +32,7 @@ OP = "swiglu"
 def _swiglu_impl(gate: Tensor, up: Tensor, backend: str) -> Tensor:
     ew.check_gated(OP, gate, up)
     mod = select(SPEC, gate.device, gate.dtype, backend)
-    return mod.forward(ew.as_rows(gate), ew.as_rows(up)).view(gate.shape)
+    return shaped(mod.forward(ew.as_rows(gate), ew.as_rows(up)), gate.shape)
 
 
 _swiglu = torch.library.custom_op("tessera::swiglu", mutates_args=())(_swiglu_impl)
@@ -48,7 +48,7 @@ def _(gate, up, backend):
 def _swiglu_backward(dy: Tensor, gate: Tensor, up: Tensor, backend: str) -> tuple[Tensor, Tensor]:
     mod = select(SPEC, gate.device, gate.dtype, backend)
     dgate, dup = mod.backward(ew.as_rows(dy), ew.as_rows(gate), ew.as_rows(up))
-    return dgate.view(gate.shape), dup.view(gate.shape)
+    return shaped(dgate, gate.shape), shaped(dup, gate.shape)
 
 
 @_swiglu_backward.register_fake
