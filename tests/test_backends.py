@@ -217,3 +217,16 @@ def test_shaped_views_like_view():
         assert torch.equal(shaped(t, shape), t.view(shape)) and shaped(t, shape).data_ptr() == t.data_ptr()
     s = shaped(torch.tensor([5.0]), ())
     assert s.dim() == 0 and s.item() == 5.0
+    u = torch.empty(2, 3)
+    assert shaped(u, torch.Size([2, 3])) is u  # nothing to reshape: no new view
+
+
+def test_rows_keeps_2d_row_views_and_reshapes_the_rest():
+    """``_library.rows``: a 2-D tensor with unit inner stride (any row stride, broadcast rows
+    included) is returned as is; other layouts give the (rows, n) view or a copy."""
+    from tessera._library import rows
+    base = torch.arange(24.0).view(4, 6)
+    for t in (base, base[:, :3], base[::2], torch.arange(3.0).expand(5, 3)):
+        assert rows(t) is t
+    assert rows(base.t()).stride() == (4, 1) and torch.equal(rows(base.t()), base.t())
+    assert rows(base.view(2, 2, 6)).shape == (4, 6) and rows(torch.arange(3.0)).shape == (1, 3)
