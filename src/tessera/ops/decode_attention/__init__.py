@@ -34,10 +34,10 @@ Measured (``tessera bench --op decode_attention --extended --dtype bf16``,
 benchmarks/results/2026-12-03e-cpu): bf16 KV at 64-71% of the layout read (53-59% of the
 linear read pass) from 4096 keys per sequence up, B=1 x 16384 tokens (64 MiB) in 4.0 ms, 47x
 gather + SDPA; int8 KV at 40-62% of its layout read, 1.25-1.5x faster than bf16 KV.  B=1 x
-1024 keys (4 MiB, 0.33 ms) reaches 25%: per-call costs and split start-up dominate.  Per (key, kv head), G = 4, D = 128,
-one thread: ~21 ns from L2 for both cache kinds (compute), ~40-50 ns from DRAM -- the loads of
-a chunk and its compute overlap only in part, which costs int8 (half the bytes, the same
-compute) most.  Tried and measured slower or equal (interleaved A/B, see issue #3's notes): no
+1024 keys (4 MiB, 0.33 ms) reaches 25%: per-call costs and split start-up dominate.  Per
+(key, kv head), G = 4, D = 128, one thread: ~21 ns from L2 for both cache kinds (compute),
+~40-50 ns from DRAM -- the loads of a chunk and its compute overlap only in part, which costs
+int8 (half the bytes, the same compute) most.  Tried and measured slower or equal (interleaved A/B, see issue #3's notes): no
 prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or spread
 over scores and P.V (1.1-1.25x slower, also with a division-free counter), every second line
 only, chunks of 16/32/128 keys, whole token rows prefetched in memory order (1.15-1.5x slower),

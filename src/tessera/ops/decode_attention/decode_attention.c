@@ -296,7 +296,7 @@ static int64_t da_check(const int32_t *bt, const int32_t *seq_lens, int64_t B, i
                         int64_t window) {
     int64_t most = 0;
     for (int64_t b = 0; b < B; b++) {
-        const int64_t n = seq_lens[b], lo = window > 0 && n > window ? n - window : 0;
+        const int64_t n = seq_lens[b], lo = da_first_key(n, window);
         if (n < 0 || n > MB * P) return -1;
         for (int64_t j = lo / P; j < (n + P - 1) / P; j++)
             if (bt[b * MB + j] < 0 || bt[b * MB + j] >= NB) return -1;
@@ -343,9 +343,8 @@ int tsr_decode_attention(const void *q, const void *kc, const void *vc, const fl
         for (int64_t task = 0; task < tasks; task++) {
             if (failed) continue;
             const int64_t sp = task % S, b = task / S;
-            const int64_t n = seq_lens[b], lo = window > 0 && n > window ? n - window : 0;
-            const int64_t per = (n - lo + S - 1) / S;
-            const int64_t t0 = lo + sp * per, t1 = t0 + per < n ? t0 + per : n;
+            int64_t t0, t1;
+            da_split_keys(seq_lens[b], window, S, sp, &t0, &t1);
             float *sm = st + Hk * G * DP; /* m, l of head h: sm + 2 G h, + G */
             for (int64_t h = 0; h < Hk; h++)
                 for (int64_t g = 0; g < G; g++) { sm[2 * G * h + g] = -INFINITY; sm[2 * G * h + G + g] = 0.0f; }

@@ -53,7 +53,7 @@ uint64_t tsr_decode_paged_read(const char *kc, const char *vc, const char *ks, c
                                int64_t es, int64_t window, int nthreads) {
     int64_t most = 0;
     for (int64_t b = 0; b < B; b++) {
-        const int64_t n = seq_lens[b], k = window > 0 && n > window ? window : n;
+        const int64_t k = seq_lens[b] - da_first_key(seq_lens[b], window);
         most = k > most ? k : most;
     }
     const int64_t S = da_splits(B, nthreads, most), rb = Hk * D * es;
@@ -61,9 +61,9 @@ uint64_t tsr_decode_paged_read(const char *kc, const char *vc, const char *ks, c
     uint64_t x = 0;
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(dynamic, 1) reduction(^ : x)
     for (int64_t task = 0; task < B * S; task++) {
-        const int64_t b = task / S, sp = task % S, n = seq_lens[b];
-        const int64_t lo = window > 0 && n > window ? n - window : 0, per = (n - lo + S - 1) / S;
-        const int64_t t0 = lo + sp * per, t1 = t0 + per < n ? t0 + per : n;
+        const int64_t b = task / S;
+        int64_t t0, t1;
+        da_split_keys(seq_lens[b], window, S, task % S, &t0, &t1);
         for (int64_t t = t0; t < t1; t++) {
             const int64_t row = (int64_t)bt[b * MB + t / P] * P + t % P;
             if (t + ahead < t1) {
