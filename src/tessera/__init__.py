@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._quantize import dequantize, quantize
 from ._registry import BACKENDS, OPS, BackendError, use_backend
+from .memory import alloc_kv_cache
 from .ops.append_kv import append_kv
 from .ops.attention import attention
 from .ops.decode_attention import decode_attention
@@ -32,10 +33,10 @@ __version__ = "0.1.0"
 
 __all__ = ["BACKENDS", "OPS", "BackendError", "use_backend",
            # fused LLM ops
-           "append_kv", "attention", "decode_attention", "geglu", "gelu", "layer_norm", "rms_norm", "rope",
+           "alloc_kv_cache", "append_kv", "attention", "decode_attention", "geglu", "gelu", "layer_norm", "rms_norm", "rope",
            "rope_cache", "silu", "softmax", "swiglu",
            # quantization: formats (tessera.quant), the model API and the quantized matmuls
            "quantize", "dequantize", "quantize_blocks", "dequantize_blocks", "int_mm", "linear_w8a8",
            "linear_a16w8", "linear_w4a16", "linear_w4a8", "linear_fp8"]
 
-from . import nn  # noqa: E402,F401  (drop-in torch.nn modules; imports no kernels)
+from . import memory, nn  # noqa: E402,F401  (huge-page buffers; drop-in torch.nn modules; no kernels)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import memory
 from ..._registry import Case
 from .ref import QMAX, quantize
 
@@ -20,12 +21,13 @@ def block_table(B, pages_per_seq, gen, spare=3):
 
 
 def random_cache(shape, cache_dtype, gen, device):
-    """(cache, scale or None): random N(0,1) data, quantised per (token, head) for int8/fp8."""
+    """(cache, scale or None): random N(0,1) data, quantised per (token, head) for int8/fp8.
+    Allocated like ``tessera.alloc_kv_cache`` (huge pages on the CPU when >= 2 MiB), as a
+    serving engine should allocate its cache."""
     x = torch.randn(*shape, generator=gen, dtype=torch.float32)
-    if cache_dtype in QMAX:
-        q, s = quantize(x, cache_dtype)
-        return q.to(device), s.to(device)
-    return x.to(cache_dtype).to(device), None
+    q, s = quantize(x, cache_dtype) if cache_dtype in QMAX else (x.to(cache_dtype), None)
+    cache = memory.zeros(q.shape, q.dtype, device=device).copy_(q)
+    return cache, None if s is None else memory.zeros(s.shape, s.dtype, device=device).copy_(s)
 
 
 def _cache_dt(variant, dtype):
