@@ -1,7 +1,8 @@
 /* Paged decode attention (one query token per sequence), flash-decoding on the CPU.
  *
  * Task = (sequence b, split s): the keys [t0, t1) of split s, for every kv head h and the G = Hq/Hk
- * query heads sharing it (each K/V byte is read once per call).  Keys go by chunks of CH tokens
+ * query heads sharing it (each K/V byte is read once per call).  Keys go by chunks (at the avx512
+ * level 32 tokens for 16/32-bit caches and 64 for 8-bit ones, df_chunk_keys; CH elsewhere)
  * through the page table (token t: page block_table[b, t / P], slot t % P); inside a chunk the kv
  * heads are taken in turn, so the task streams whole token rows (all heads are contiguous in NHD
  * pages).  Per (chunk, head):
@@ -327,6 +328,11 @@ int tsr_decode_attention(const void *q, const void *kc, const void *vc, const fl
     const ctx_t *c = &cx;
     const int64_t qes = tsr_elsize(q_dtype), PS = G * (D + 2), tasks = B * S;
     const int kind = pick_kind(q_dtype, c_dtype, D);
+#ifdef TSR_AVX512
+    const int64_t ch = kind < 0 ? CH : df_chunk_keys(c_dtype); /* keys per chunk */
+#else
+    const int64_t ch = CH;
+#endif
     int failed = 0;
 #pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
     {
@@ -353,8 +359,8 @@ int tsr_decode_attention(const void *q, const void *kc, const void *vc, const fl
                 prep_q((const char *)q + b * Hq * D * qes, Hq, D, DP, q_dtype, scale, kind, qs, qsc, o);
                 /* chunks of keys in the outer loop, kv heads inside: a token's K (V) rows of all heads
                  * are contiguous, so the task streams whole pages through the cache */
-                for (int64_t c0 = t0; c0 < t1; c0 += CH) {
-                    const int64_t c1 = c0 + CH < t1 ? c0 + CH : t1, n1 = c1 + CH < t1 ? c1 + CH : t1;
+                for (int64_t c0 = t0; c0 < t1; c0 += ch) {
+                    const int64_t c1 = c0 + ch < t1 ? c0 + ch : t1, n1 = c1 + ch < t1 ? c1 + ch : t1;
                     if (kind < 0) {
                         for (int64_t h = 0; h < Hk; h++)
                             attend_any(c, b, h, c0, c1, c1, n1, qs + h * G * DP, sm + 2 * G * h, sm + 2 * G * h + G,
