@@ -81,11 +81,11 @@ DFI void df_scores(const rows_t *r, const void *qv, int64_t DP, int64_t D, int64
     const int TB = 16 / GB;
     const int64_t rowb = D * (cd == TSR_F32 ? 4 : cd >= DA_I8 ? 1 : 2);
     for (int i0 = 0; i0 < r->nc; i0 += TB) {
-        /* the next (chunk, head)'s rows i0.. -> L2, a few per step (a burst of prefetches stalls
-         * on the miss buffers: measured 2x slower from DRAM) */
+        /* the next (chunk, head)'s rows i0 .. i0 + TB -> L2, a few per step (a burst of prefetches
+         * stalls on the miss buffers: measured 2x slower from DRAM); pn <= nc (only the last
+         * chunk is short), so the steps cover them all */
         if (g0 == 0) {
-            const int ng = (r->nc + TB - 1) / TB, gi = i0 / TB;
-            for (int j = gi * r->pn / ng; j < (gi + 1) * r->pn / ng; j++)
+            for (int j = i0; j < i0 + TB && j < r->pn; j++)
                 for (int64_t x = 0; x < r->plen; x += 64) {
                     _mm_prefetch(r->pk[j] + r->phoff + x, _MM_HINT_T1);
                     _mm_prefetch(r->pv[j] + r->phoff + x, _MM_HINT_T1);
@@ -177,52 +177,74 @@ DFI void df_pv_f32(const rows_t *r, const float *s, const float *alpha, int64_t 
     }
 }
 
+/* acc + pairwise int16 dot products of a, b (vpdpwssd) in place.  Why asm: through the intrinsic,
+ * GCC 12 gives each loop-carried accumulator of the P.V loop a second register and copies it
+ * there and back every iteration (16 extra moves per 8 dot instructions); the tied "+v" operand
+ * keeps each accumulator in one register. */
+DFI __m512i df_dpwssd(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
+/* rows i, i + 1 of V at dims [c, c + 32), interleaved within 128-bit lanes (dims permuted, see top) */
+DFI void df_v_pair(const rows_t *r, int i, int64_t c, __mmask32 mk, const int kind, __m512i *ul, __m512i *uh) {
+    __m512i va, vb;
+    if (kind == TSR_BF16) {
+        va = _mm512_maskz_loadu_epi16(mk, r->v[i] + r->hoff + 2 * c);
+        vb = _mm512_maskz_loadu_epi16(mk, r->v[i + 1] + r->hoff + 2 * c);
+    } else {
+        va = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, r->v[i] + r->hoff + c));
+        vb = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, r->v[i + 1] + r->hoff + c));
+    }
+    *ul = _mm512_unpacklo_epi16(va, vb);
+    *uh = _mm512_unpackhi_epi16(va, vb);
+}
+
 /* BF16 / I8 kinds, P.V over key pairs; w: per head CH words (bf16 p, or int16 weights) with
- * w[nc] = 0; wsc: I8 weight scales.  acc in the permuted order (see the top). */
+ * w[nc] = 0; wsc: I8 weight scales.  acc in the permuted order (see the top).  The two kinds keep
+ * their accumulators in their own types: casting one set between __m512 and __m512i inside the
+ * loop, as before, kept GCC 12 from fusing the casts (the int accumulators also need df_dpwssd). */
 DFI void df_pv_pairs(const rows_t *r, const int16_t *w, const float *alpha, const float *wsc, int64_t DP, int64_t D,
                      int64_t g0, float *acc, const int kind, const int GB) {
     for (int64_t c = 0; c < D; c += 32) {
         const __mmask32 mk = D - c >= 32 ? 0xffffffffu : (__mmask32)((1u << (D - c)) - 1u);
-        __m512 lo[8], hi[8];
-        for (int g = 0; g < GB; g++) {
-            if (kind == TSR_BF16) {
+        __m512i ul, uh;
+        if (kind == TSR_BF16) {
+            __m512 lo[8], hi[8];
+            for (int g = 0; g < GB; g++) {
                 const __m512 al = _mm512_set1_ps(alpha[g0 + g]);
                 lo[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + g) * DP + c), al);
                 hi[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + g) * DP + c + 16), al);
-            } else {
-                lo[g] = hi[g] = _mm512_setzero_ps();
             }
-        }
-        for (int i = 0; i < r->nc; i += 2) {
-            __m512i va, vb;
-            if (kind == TSR_BF16) {
-                va = _mm512_maskz_loadu_epi16(mk, r->v[i] + r->hoff + 2 * c);
-                vb = _mm512_maskz_loadu_epi16(mk, r->v[i + 1] + r->hoff + 2 * c);
-            } else {
-                va = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, r->v[i] + r->hoff + c));
-                vb = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, r->v[i + 1] + r->hoff + c));
-            }
-            const __m512i ul = _mm512_unpacklo_epi16(va, vb), uh = _mm512_unpackhi_epi16(va, vb);
-            for (int g = 0; g < GB; g++) {
-                const __m512i wp = _mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
-                if (kind == TSR_BF16) {
-                    lo[g] = _mm512_dpbf16_ps(lo[g], (__m512bh)ul, (__m512bh)wp);
-                    hi[g] = _mm512_dpbf16_ps(hi[g], (__m512bh)uh, (__m512bh)wp);
-                } else {
-                    lo[g] = _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(lo[g]), ul, wp));
-                    hi[g] = _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(hi[g]), uh, wp));
+            for (int i = 0; i < r->nc; i += 2) {
+                df_v_pair(r, i, c, mk, kind, &ul, &uh);
+                for (int g = 0; g < GB; g++) {
+                    const __m512bh wp = (__m512bh)_mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
+                    lo[g] = _mm512_dpbf16_ps(lo[g], (__m512bh)ul, wp);
+                    hi[g] = _mm512_dpbf16_ps(hi[g], (__m512bh)uh, wp);
                 }
             }
-        }
-        for (int g = 0; g < GB; g++) {
-            float *ag = acc + (g0 + g) * DP + c;
-            if (kind != TSR_BF16) { /* acc alpha + int32 sums * weight scale */
-                const __m512 al = _mm512_set1_ps(alpha[g0 + g]), ws = _mm512_set1_ps(wsc[g0 + g]);
-                lo[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_castps_si512(lo[g])), ws, _mm512_mul_ps(_mm512_loadu_ps(ag), al));
-                hi[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_castps_si512(hi[g])), ws, _mm512_mul_ps(_mm512_loadu_ps(ag + 16), al));
+            for (int g = 0; g < GB; g++) {
+                _mm512_storeu_ps(acc + (g0 + g) * DP + c, lo[g]);
+                _mm512_storeu_ps(acc + (g0 + g) * DP + c + 16, hi[g]);
             }
-            _mm512_storeu_ps(ag, lo[g]);
-            _mm512_storeu_ps(ag + 16, hi[g]);
+        } else {
+            __m512i lo[8], hi[8];
+            for (int g = 0; g < GB; g++) lo[g] = hi[g] = _mm512_setzero_si512();
+            for (int i = 0; i < r->nc; i += 2) {
+                df_v_pair(r, i, c, mk, kind, &ul, &uh);
+                for (int g = 0; g < GB; g++) {
+                    const __m512i wp = _mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
+                    lo[g] = df_dpwssd(lo[g], ul, wp);
+                    hi[g] = df_dpwssd(hi[g], uh, wp);
+                }
+            }
+            for (int g = 0; g < GB; g++) { /* acc alpha + int32 sums * weight scale */
+                float *ag = acc + (g0 + g) * DP + c;
+                const __m512 al = _mm512_set1_ps(alpha[g0 + g]), ws = _mm512_set1_ps(wsc[g0 + g]);
+                _mm512_storeu_ps(ag, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[g]), ws, _mm512_mul_ps(_mm512_loadu_ps(ag), al)));
+                _mm512_storeu_ps(ag + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[g]), ws, _mm512_mul_ps(_mm512_loadu_ps(ag + 16), al)));
+            }
         }
     }
 }
