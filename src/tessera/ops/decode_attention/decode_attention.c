@@ -277,7 +277,9 @@ static void prep_q(const char *qb, int64_t Hq, int64_t D, int64_t DP, int q_dtyp
             const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
             int16_t *d = (int16_t *)dst + j * DP;
             qsc[j] = mx / 32767.0f;
-            for (int64_t e = 0; e < DP; e++) d[e] = e < D ? (int16_t)lrintf(tmp[e] * inv) : 0;
+            int64_t e = 0;
+            for (; e < D; e++) d[e] = (int16_t)(int32_t)rintf(tmp[e] * inv); /* vectorises; lrintf did not */
+            for (; e < DP; e++) d[e] = 0;
         } else {
             float *d = (float *)dst + j * DP;
             for (int64_t e = 0; e < DP; e++) d[e] = e < D ? tmp[e] * scale : 0.0f;
