@@ -200,10 +200,41 @@ DFI void df_v_pair(const rows_t *r, int i, int64_t c, __mmask32 mk, const int ki
     *uh = _mm512_unpackhi_epi16(va, vb);
 }
 
+/* I8 P.V of dims [c, c + 32 NB) (NB = 1 or 2 blocks of 32) for heads g0.. (+GB): int32 sums of the
+ * int16 weights times the V pairs, then acc = acc alpha + sums * weight scale.  With NB = 2 each
+ * weight broadcast serves 4 dot instructions instead of 2 (3-5% less compute per key at D = 128) */
+DFI void df_pv_i8(const rows_t *r, const int16_t *w, const float *alpha, const float *wsc, int64_t DP, int64_t D,
+                  int64_t c, int64_t g0, float *acc, const int GB, const int NB) {
+    __m512i a[2][2][8], u[2][2];
+    __mmask32 mk[2];
+    for (int k = 0; k < NB; k++) {
+        const int64_t left = D - c - 32 * k;
+        mk[k] = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
+        for (int g = 0; g < GB; g++) a[k][0][g] = a[k][1][g] = _mm512_setzero_si512();
+    }
+    for (int i = 0; i < r->nc; i += 2) {
+        for (int k = 0; k < NB; k++) df_v_pair(r, i, c + 32 * k, mk[k], DA_I8, &u[k][0], &u[k][1]);
+        for (int g = 0; g < GB; g++) {
+            const __m512i wp = _mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
+            for (int k = 0; k < NB; k++) {
+                a[k][0][g] = df_dpwssd(a[k][0][g], u[k][0], wp);
+                a[k][1][g] = df_dpwssd(a[k][1][g], u[k][1], wp);
+            }
+        }
+    }
+    for (int g = 0; g < GB; g++) {
+        const __m512 al = _mm512_set1_ps(alpha[g0 + g]), ws = _mm512_set1_ps(wsc[g0 + g]);
+        for (int k = 0; k < NB; k++)
+            for (int h = 0; h < 2; h++) {
+                float *ag = acc + (g0 + g) * DP + c + 32 * k + 16 * h;
+                _mm512_storeu_ps(ag, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[k][h][g]), ws, _mm512_mul_ps(_mm512_loadu_ps(ag), al)));
+            }
+    }
+}
+
 /* BF16 / I8 kinds, P.V over key pairs; w: per head CH words (bf16 p, or int16 weights) with
- * w[nc] = 0; wsc: I8 weight scales.  acc in the permuted order (see the top).  The two kinds keep
- * their accumulators in their own types: casting one set between __m512 and __m512i inside the
- * loop, as before, kept GCC 12 from fusing the casts (the int accumulators also need df_dpwssd). */
+ * w[nc] = 0; wsc: I8 weight scales.  acc in the permuted order (see the top).  Each kind keeps
+ * its accumulators in its own vector type (BF16 float here, I8 int32 in df_pv_i8). */
 DFI void df_pv_pairs(const rows_t *r, const int16_t *w, const float *alpha, const float *wsc, int64_t DP, int64_t D,
                      int64_t g0, float *acc, const int kind, const int GB) {
     for (int64_t c = 0; c < D; c += 32) {
@@ -228,23 +259,11 @@ DFI void df_pv_pairs(const rows_t *r, const int16_t *w, const float *alpha, cons
                 _mm512_storeu_ps(acc + (g0 + g) * DP + c, lo[g]);
                 _mm512_storeu_ps(acc + (g0 + g) * DP + c + 16, hi[g]);
             }
+        } else if (D - c >= 64) {
+            df_pv_i8(r, w, alpha, wsc, DP, D, c, g0, acc, GB, 2);
+            c += 32;
         } else {
-            __m512i lo[8], hi[8];
-            for (int g = 0; g < GB; g++) lo[g] = hi[g] = _mm512_setzero_si512();
-            for (int i = 0; i < r->nc; i += 2) {
-                df_v_pair(r, i, c, mk, kind, &ul, &uh);
-                for (int g = 0; g < GB; g++) {
-                    const __m512i wp = _mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
-                    lo[g] = df_dpwssd(lo[g], ul, wp);
-                    hi[g] = df_dpwssd(hi[g], uh, wp);
-                }
-            }
-            for (int g = 0; g < GB; g++) { /* acc alpha + int32 sums * weight scale */
-                float *ag = acc + (g0 + g) * DP + c;
-                const __m512 al = _mm512_set1_ps(alpha[g0 + g]), ws = _mm512_set1_ps(wsc[g0 + g]);
-                _mm512_storeu_ps(ag, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[g]), ws, _mm512_mul_ps(_mm512_loadu_ps(ag), al)));
-                _mm512_storeu_ps(ag + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[g]), ws, _mm512_mul_ps(_mm512_loadu_ps(ag + 16), al)));
-            }
+            df_pv_i8(r, w, alpha, wsc, DP, D, c, g0, acc, GB, 1);
         }
     }
 }
