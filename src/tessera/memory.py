@@ -5,8 +5,9 @@ land far apart in memory.  With 4 KiB pages, a 64 MiB cache spans 16384 of them,
 ~3000 4 KiB entries of Zen 4's second-level data TLB (and in a VM each TLB miss walks two
 page tables).  Backing the cache with 2 MiB pages removes most of those walks.  Measured on the
 2-core Zen 4 VM, same process, same data, alternating (``benchmarks/results/2026-12-03g-cpu/
-hugepages-ab``): decode over shuffled 16-token pages 1.03-1.12x faster, a plain read of the same
-pages 1.07-1.16x, while a linear read pass gains nothing (its prefetcher already hides the walks).
+hugepages-ab``): decode over shuffled 16-token pages 0.98-1.16x faster (median 1.06x int8 KV,
+1.08x bf16 KV), a plain read of the same pages 1.00-1.15x, while a linear read pass gains
+nothing (its prefetcher already hides the walks).
 
 How: an anonymous private ``mmap`` (zero-filled by the kernel, no write pass needed), advised
 ``MADV_HUGEPAGE`` before anything touches it, viewed as a tensor from its 2 MiB-aligned start

@@ -1,16 +1,17 @@
 """Decode attention and the plain read of its pages, with the KV cache in 4 KiB pages (torch
 allocation) against the same bytes in huge pages (tessera.memory.zeros), same process,
-alternating call by call; medians of 21 rounds after one warm-up round.
+alternating call by call (tessera.bench.timing.time_interleaved, the bench's own loop: the first
+contender rotates each round); medians of 21 rounds after one warm-up call each.
 
     python hugepages_ab.py            (the bench's decode shapes: 32 q / 8 kv heads x 128, page 16)
 """
 import statistics
-import time
 
 import torch
 
 import tessera
 from tessera import memory
+from tessera.bench.timing import time_interleaved
 import importlib
 
 cases = importlib.import_module("tessera.ops.decode_attention.cases")  # the package re-exports a cases() function
@@ -39,13 +40,7 @@ def main():
             fns = {"decode 4k": dec(small), "decode huge": dec(huge),
                    "read 4k": cpu.paged_read(small), "read huge": cpu.paged_read(huge)}
             assert torch.equal(fns["decode 4k"](), fns["decode huge"]())
-            res = {k: [] for k in fns}
-            for r in range(ROUNDS + 1):
-                for k, f in fns.items():
-                    t = time.perf_counter()
-                    f()
-                    if r:
-                        res[k].append(time.perf_counter() - t)
+            res = {k: t.samples for k, t in time_interleaved(fns, ROUNDS, warmup=1, inner=1).items()}
             med = {k: statistics.median(v) for k, v in res.items()}
             ratio = {w: statistics.median(a / b for a, b in zip(res[f"{w} 4k"], res[f"{w} huge"])) for w in ("decode", "read")}
             kind = "bf16" if variant == "same" else "int8"

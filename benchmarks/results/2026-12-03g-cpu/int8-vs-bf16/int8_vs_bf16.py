@@ -1,5 +1,6 @@
-"""int8 KV against bf16 KV decode, the two calls alternating in one loop (bf16 q, 32 q / 8 kv heads
-x 128, page 16, shuffled block tables, caches from the bench's cases: huge pages).  Prints medians
+"""int8 KV against bf16 KV decode, the two calls alternating in one loop (the bench's
+tessera.bench.timing.time_interleaved; bf16 q, 32 q / 8 kv heads x 128, page 16, shuffled block
+tables, caches from the bench's cases: huge pages).  Prints medians
 and the median of the paired time ratios bf16 / int8 over ROUNDS rounds, plus each cache's rate
 against a plain read of its own pages (the bench's layout read), timed in the same loop.
 
@@ -7,11 +8,11 @@ against a plain read of its own pages (the bench's layout read), timed in the sa
 """
 import importlib
 import statistics
-import time
 
 import torch
 
 import tessera
+from tessera.bench.timing import time_interleaved
 
 cases = importlib.import_module("tessera.ops.decode_attention.cases")
 cpu = importlib.import_module("tessera.ops.decode_attention.cpu")
@@ -31,13 +32,7 @@ def main():
                for v in ("same", torch.int8)}
         fns = {"bf16": call(kws["same"]), "int8": call(kws[torch.int8]),
                "bf16 read": cpu.paged_read(kws["same"]), "int8 read": cpu.paged_read(kws[torch.int8])}
-        res = {k: [] for k in fns}
-        for r in range(ROUNDS + 1):
-            for k, f in fns.items():
-                t = time.perf_counter()
-                f()
-                if r:
-                    res[k].append(time.perf_counter() - t)
+        res = {k: t.samples for k, t in time_interleaved(fns, ROUNDS, warmup=1, inner=1).items()}
         med = {k: statistics.median(v) for k, v in res.items()}
         ratio = statistics.median(a / b for a, b in zip(res["bf16"], res["int8"]))
         print(f"B{B} ctx{ctx}: bf16 KV {med['bf16'] * 1e3:.2f} ms ({med['bf16 read'] / med['bf16'] * 100:.0f}% of its "
