@@ -64,7 +64,7 @@ def zeros(shape, dtype: torch.dtype, *, device="cpu", huge_pages: bool = True) -
     if any(s < 0 for s in shape):
         raise ValueError(f"tessera.memory.zeros: argument 'shape' {shape} must not have negative sizes")
     device = torch.device(device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if (device.type != "cpu" or not huge_pages or nbytes < HUGE_PAGE
             or huge_pages_mode() not in ("always", "madvise")):
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -76,6 +76,9 @@ def cases():
     out.append(build("b2-long-1500", 2, 8, 2, 128, 16, [1500, 777], tags={"nograd", "large"}))
     out.append(build("b2-long-1500", 2, 8, 2, 128, 16, [1500, 777], variant=torch.int8, tags={"nograd", "large"}))
     out.append(build("near-fp16-max-q", 2, 4, 2, 64, 16, [30, 9], qscale=3e3, tags={"nograd", "extreme"}))
+    # D = 112: the int8 P.V's last 64-dim pass has a half-masked second block; odd key counts
+    for variant in ("same", torch.int8):
+        out.append(build("b2-gqa4-d112", 2, 8, 2, 112, 16, [77, 33], variant=variant, tags={"nograd"}))
     return out
 
 

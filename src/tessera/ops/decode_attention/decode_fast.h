@@ -200,9 +200,10 @@ DFI void df_v_pair(const rows_t *r, int i, int64_t c, __mmask32 mk, const int ki
     *uh = _mm512_unpackhi_epi16(va, vb);
 }
 
-/* I8 P.V of dims [c, c + 32 NB) (NB = 1 or 2 blocks of 32) for heads g0.. (+GB): int32 sums of the
- * int16 weights times the V pairs, then acc = acc alpha + sums * weight scale.  With NB = 2 each
- * weight broadcast serves 4 dot instructions instead of 2 (3-5% less compute per key at D = 128) */
+/* I8 P.V of dims [c, c + 32 NB) (NB = 1 or 2 blocks of 32, masked past D; c + 32 NB <= DP) for heads
+ * g0.. (+GB): int32 sums of the int16 weights times the V pairs, then acc = acc alpha + sums *
+ * weight scale.  With NB = 2 each weight broadcast serves 4 dot instructions instead of 2 (3-5%
+ * less compute per key at D = 128) */
 DFI void df_pv_i8(const rows_t *r, const int16_t *w, const float *alpha, const float *wsc, int64_t DP, int64_t D,
                   int64_t c, int64_t g0, float *acc, const int GB, const int NB) {
     __m512i a[2][2][8], u[2][2];
@@ -237,33 +238,33 @@ DFI void df_pv_i8(const rows_t *r, const int16_t *w, const float *alpha, const f
  * its accumulators in its own vector type (BF16 float here, I8 int32 in df_pv_i8). */
 DFI void df_pv_pairs(const rows_t *r, const int16_t *w, const float *alpha, const float *wsc, int64_t DP, int64_t D,
                      int64_t g0, float *acc, const int kind, const int GB) {
+    if (kind != TSR_BF16) { /* I8: 64 dims a pass (the second block masked or absent near D) */
+        for (int64_t c = 0; c < D; c += 64) {
+            if (D - c > 32) df_pv_i8(r, w, alpha, wsc, DP, D, c, g0, acc, GB, 2);
+            else df_pv_i8(r, w, alpha, wsc, DP, D, c, g0, acc, GB, 1);
+        }
+        return;
+    }
     for (int64_t c = 0; c < D; c += 32) {
         const __mmask32 mk = D - c >= 32 ? 0xffffffffu : (__mmask32)((1u << (D - c)) - 1u);
+        __m512 lo[8], hi[8];
         __m512i ul, uh;
-        if (kind == TSR_BF16) {
-            __m512 lo[8], hi[8];
+        for (int g = 0; g < GB; g++) {
+            const __m512 al = _mm512_set1_ps(alpha[g0 + g]);
+            lo[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + g) * DP + c), al);
+            hi[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + g) * DP + c + 16), al);
+        }
+        for (int i = 0; i < r->nc; i += 2) {
+            df_v_pair(r, i, c, mk, kind, &ul, &uh);
             for (int g = 0; g < GB; g++) {
-                const __m512 al = _mm512_set1_ps(alpha[g0 + g]);
-                lo[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + g) * DP + c), al);
-                hi[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + g) * DP + c + 16), al);
+                const __m512bh wp = (__m512bh)_mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
+                lo[g] = _mm512_dpbf16_ps(lo[g], (__m512bh)ul, wp);
+                hi[g] = _mm512_dpbf16_ps(hi[g], (__m512bh)uh, wp);
             }
-            for (int i = 0; i < r->nc; i += 2) {
-                df_v_pair(r, i, c, mk, kind, &ul, &uh);
-                for (int g = 0; g < GB; g++) {
-                    const __m512bh wp = (__m512bh)_mm512_set1_epi32(*(const df_i32 *)(w + (g0 + g) * CH + i));
-                    lo[g] = _mm512_dpbf16_ps(lo[g], (__m512bh)ul, wp);
-                    hi[g] = _mm512_dpbf16_ps(hi[g], (__m512bh)uh, wp);
-                }
-            }
-            for (int g = 0; g < GB; g++) {
-                _mm512_storeu_ps(acc + (g0 + g) * DP + c, lo[g]);
-                _mm512_storeu_ps(acc + (g0 + g) * DP + c + 16, hi[g]);
-            }
-        } else if (D - c >= 64) {
-            df_pv_i8(r, w, alpha, wsc, DP, D, c, g0, acc, GB, 2);
-            c += 32;
-        } else {
-            df_pv_i8(r, w, alpha, wsc, DP, D, c, g0, acc, GB, 1);
+        }
+        for (int g = 0; g < GB; g++) {
+            _mm512_storeu_ps(acc + (g0 + g) * DP + c, lo[g]);
+            _mm512_storeu_ps(acc + (g0 + g) * DP + c + 16, hi[g]);
         }
     }
 }
