@@ -30,20 +30,21 @@ FlashAttention does, the normaliser sums the rounded values); fp16/bf16 q x int8
 ``vpdpwssd`` (q quantised to int16 per head, error <= 2^-16 of its max, ~100x below bf16
 rounding); fp32 FMAs otherwise (all fp32 q); a few lines of the next chunk prefetched per head.
 
-Measured (``tessera bench --op decode_attention --extended --dtype bf16``,
-benchmarks/results/2026-12-03e-cpu): bf16 KV at 64-71% of the layout read (53-59% of the
-linear read pass) from 4096 keys per sequence up, B=1 x 16384 tokens (64 MiB) in 4.0 ms, 47x
-gather + SDPA; int8 KV at 40-62% of its layout read, 1.25-1.5x faster than bf16 KV.  B=1 x
-1024 keys (4 MiB, 0.33 ms) reaches 25%: per-call costs and split start-up dominate.  Per
-(key, kv head), G = 4, D = 128, one thread: ~21 ns from L2 for both cache kinds (compute),
-~40-50 ns from DRAM -- the loads of a chunk and its compute overlap only in part, which costs
-int8 (half the bytes, the same compute) most.  Tried and measured slower or equal (interleaved A/B, see issue #3's notes): no
-prefetch (1.9x slower), T0/NTA hints (1.7x slower), prefetches moved to the P.V loop or spread
-over scores and P.V (1.1-1.25x slower, also with a division-free counter), every second line
-only, chunks of 16/32/128 keys, whole token rows prefetched in memory order (1.15-1.5x slower),
-scores with each key's 8-dim blocks broadcast to the four heads' lanes (one 4-way reduction per
-4 keys instead of the 16-way one: equal for bf16, 1.2x slower for int8); huge pages for the
-cache gain 4-11%.
+Measured (benchmarks/results/2026-12-03g-cpu, caches from ``tessera.alloc_kv_cache``: huge
+pages): bf16 KV at 66-87% of the layout read (62-66% of the linear read pass in the main job),
+B=1 x 16384 tokens (64 MiB) in 3.4 ms, 54x gather + SDPA; int8 KV at 48-71% of its layout
+read, 1.30-1.60x faster than bf16 KV with the two alternating in one loop.  B=1 x 1024 keys
+(4 MiB) reaches ~25%: per-call costs and split start-up dominate.  Per (key, kv head), G = 4,
+D = 128, one thread: ~15-20 ns from L2 for both cache kinds (compute), while from DRAM the
+time is close to memory + compute -- the loads of a chunk and its compute overlap only in part,
+which costs int8 (half the bytes, the same compute) most.  Chunks: 32 keys for 16/32-bit
+caches, 64 for int8 (df_chunk_keys).  Tried and measured slower or equal (interleaved A/B, see
+issue #3's notes): no prefetch (1.9x slower), T0/NTA hints (2-3x slower), prefetches moved to
+the P.V loop or spread over scores and P.V (1.1-1.25x slower, also with a division-free
+counter), every second line only, 16-key chunks, 128-key chunks (int8 1.01-1.17x slower),
+whole token rows prefetched in memory order (1.15-1.5x slower), scores with each key's 8-dim
+blocks broadcast to the four heads' lanes (one 4-way reduction per 4 keys instead of the 16-way
+one: equal for bf16, 1.2x slower for int8).
 """
 from __future__ import annotations
 
