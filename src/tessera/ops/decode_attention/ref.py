@@ -51,10 +51,12 @@ def decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale=None,
 
 def gather(cache, scale, block_table, seq_lens, window, dtype):
     """Contiguous (B, Hk, L, D) keys/values in ``dtype`` (dequantised), zeros past each sequence,
-    and the (B, L) mask of attended positions."""
+    and the (B, L) mask of attended positions.  L is the block table's capacity (max_blocks * P),
+    not the longest sequence: a shape that does not depend on seq_lens' values is what a padded
+    serving batch uses, and what lets torch.compile(fullgraph=True) trace this baseline."""
     P = cache.shape[1]
     n = seq_lens.long()
-    L = int(n.max()) if n.numel() else 0
+    L = block_table.shape[1] * P
     t = torch.arange(L, device=cache.device)
     valid = t[None, :] < n[:, None]
     if window > 0:
