@@ -151,8 +151,8 @@ def test_append_float_cache_of_other_dtype(cache_dtype, backend):
 # ---------------------------------------------------------------- quantised matrix cells
 
 def _keep_dtypes(orig):
-    def patched(kw, names, dtype=None, copy=False):
-        out, leaves = orig(kw, names, dtype, copy)
+    def patched(kw, names, dtype=None, copy=False, place=None):
+        out, leaves = orig(kw, names, dtype, copy, place)
         if dtype is not None:  # the reference gets integer / fp8 tensors as they are
             for k, v in kw.items():
                 if isinstance(v, torch.Tensor) and (not v.is_floating_point() or v.element_size() == 1):

@@ -38,11 +38,12 @@ def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _inputs(kw: dict, names, dtype=None, copy=False) -> tuple[dict, list[str]]:
+def _inputs(kw: dict, names, dtype=None, copy=False, place=None) -> tuple[dict, list[str]]:
     """Detached copies of the case inputs; the ``names`` among them become autograd leaves.
 
     The kernel's inputs (``dtype=None, copy=False``) keep their layout: views of a
-    wider buffer or broadcast rows are leaves themselves, exactly as passed in.
+    wider buffer or broadcast rows are leaves themselves, exactly as passed in.  ``place``
+    (tensor -> tensor of the same layout) moves each into other memory (testing.fence).
     """
     out, leaves = {}, []
     for k, v in kw.items():
@@ -52,6 +53,8 @@ def _inputs(kw: dict, names, dtype=None, copy=False) -> tuple[dict, list[str]]:
                 v = v.to(dtype)  # integer and fp8 inputs (indices, quantized caches) keep their dtype
             elif copy:
                 v = v.clone()
+            if place is not None:
+                v = place(v)
             if k in names and v.is_floating_point():
                 v.requires_grad_(True)
                 leaves.append(k)
@@ -60,12 +63,12 @@ def _inputs(kw: dict, names, dtype=None, copy=False) -> tuple[dict, list[str]]:
 
 
 def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device="cpu",
-             grads: bool = True) -> Result:
+             grads: bool = True, place=None) -> Result:
     gen = torch.Generator().manual_seed(seed_for(f"{spec.name}/{case.name}/{dtype}"))
     kw = case.make(dtype, torch.device(device), gen)
     do_grad = grads and "nograd" not in case.tags
     names = spec.grad_inputs if do_grad else ()
-    k_kw, leaves = _inputs(kw, names)                            # kernel inputs keep their layout
+    k_kw, leaves = _inputs(kw, names, place=place)               # kernel inputs keep their layout
     r_kw, _ = _inputs(kw, names, torch.float64)                  # float64 reference
     lp_kw = _inputs(kw, names, copy=True)[0] if dtype != torch.float32 else {}
     res = Result(spec.name, backend, dtype, case.name, True)
@@ -85,8 +88,9 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
         # upstream gradients for every differentiable output, each in its output's dtype
         diff = [i for i, o in enumerate(outs) if o.requires_grad]
         ups = {i: torch.randn(outs[i].shape, generator=gen, dtype=torch.float64) for i in diff}
+        keep = place or (lambda t: t)
         g_k = torch.autograd.grad([outs[i] for i in diff], [k_kw[n] for n in leaves],
-                                  [ups[i].to(outs[i].dtype) for i in diff], allow_unused=True)
+                                  [keep(ups[i].to(outs[i].dtype)) for i in diff], allow_unused=True)
         g_r = torch.autograd.grad([refs[i] for i in diff], [r_kw[n] for n in leaves],
                                   [ups[i] for i in diff], allow_unused=True)
         g_lp = (torch.autograd.grad([lps[i] for i in diff], [lp_kw[n] for n in leaves],
