@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from . import _checks
+
 HUGE_PAGE = 2 << 20
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -89,9 +91,7 @@ def alloc_kv_cache(num_blocks: int, page_size: int, num_kv_heads: int, head_dim:
     """
     from .ops.append_kv.ref import CACHE_DTYPES, QMAX
     _dtype_arg("alloc_kv_cache", dtype)
-    if dtype not in CACHE_DTYPES:
-        raise ValueError(f"tessera.alloc_kv_cache: argument 'dtype' ({dtype}) must be one of "
-                         f"{', '.join(str(d) for d in CACHE_DTYPES)}")
+    _checks.choice("alloc_kv_cache", "dtype", dtype, CACHE_DTYPES)
     sizes = {"num_blocks": num_blocks, "page_size": page_size, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
     for name, n in sizes.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
