@@ -35,13 +35,16 @@ pages): bf16 KV at 66-87% of the layout read (62-66% of the linear read pass in 
 B=1 x 16384 tokens (64 MiB) in 3.4 ms, 54x gather + SDPA; int8 KV at 48-71% of its layout
 read, 1.30-1.60x faster than bf16 KV with the two alternating in one loop.  B=1 x 1024 keys
 (4 MiB) reaches ~25%: per-call costs and split start-up dominate.  Per (key, kv head), G = 4,
-D = 128, one thread: ~15-20 ns from L2 for both cache kinds (compute), while from DRAM the
-time is close to memory + compute -- the loads of a chunk and its compute overlap only in part,
-which costs int8 (half the bytes, the same compute) most.  Chunks: 32 keys for 16/32-bit
+D = 128, one thread, cache in L3: 22-28 ns for both cache kinds (2026-12-03h-cpu/decode-compute),
+against ~9 ns for their 32 dot instructions (0.28 ns each on this VM): the kernels run at
+32-41% of dot throughput.  bf16 KV from DRAM adds ~35% to that (one thread) (its compute mostly overlaps
+the loads: 69-81% of the layout read in bench rows), while int8 KV, with half the bytes and the
+same compute, stays near its L3 time: compute-bound, which is why it is not 2x faster.  Chunks: 32 keys for 16/32-bit
 caches, 64 for int8 (df_chunk_keys).  Tried and measured slower or equal (interleaved A/B, see
 issue #3's notes): no prefetch (1.9x slower), T0/NTA hints (2-3x slower), prefetches moved to
-the P.V loop or spread over scores and P.V (1.1-1.25x slower, also with a division-free
-counter), every second line only, 16-key chunks, 128-key chunks (int8 1.01-1.17x slower),
+the P.V loop (1.1-1.25x slower) or spread over scores and P.V (0.95-1.06x), every second line
+only (1.5-2.5x slower), unmasked loads when D % 32 == 0 (int8 within noise, bf16 up to 10%
+slower), scales by vector gather (1.00-1.05x), 16-key chunks, 128-key chunks (int8 1.01-1.17x slower),
 whole token rows prefetched in memory order (1.15-1.5x slower), scores with each key's 8-dim
 blocks broadcast to the four heads' lanes (one 4-way reduction per 4 keys instead of the 16-way
 one: equal for bf16, 1.2x slower for int8).
