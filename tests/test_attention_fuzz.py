@@ -15,6 +15,7 @@ from tessera.testing.matrix import run_case
 EXAMPLES = int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25"))
 
 
+@pytest.mark.fuzz  # `pytest -m fuzz`: EXAMPLES becomes >= 1000 (tests/conftest.py)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_fuzz_attention_cpu_vs_reference(dtype):
     spec = tessera.OPS["attention"]

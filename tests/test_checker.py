@@ -8,7 +8,10 @@ failed:
 (b) one element off by a few ulps beyond the fp32 tolerance, and in bf16 by 4x
     the error of plain PyTorch in bf16 (the FlashAttention-style 2x rule);
 (c) a wrong gradient (every gradient the backward kernel returns, in turn);
-(d) an output of the wrong dtype.
+(d) an output of the wrong dtype;
+(e) an all-zero output on every ``extreme`` case in fp16/bf16 (values near 65504, +-1e4
+    logits, inf/NaN tails), where a plain-PyTorch baseline is most likely to break;
+(f) a w8a8 / fp8 linear that skips the per-token activation quantization (fp16).
 
 Each planted run is paired with the unpatched control on the same case, which
 must pass.  The tolerance helper's own edge rules are unit-tested at the end.
@@ -219,6 +222,67 @@ def test_wrong_output_dtype_is_caught(spec, case, monkeypatch):
     assert not r.ok
 
 
+def _extreme_params():
+    out = []
+    for name, spec in sorted(tessera.OPS.items()):
+        if "cpu" not in spec.kernels or spec.mutates:
+            continue
+        for case in spec.cases:
+            if "extreme" in case.tags and "large" not in case.tags:
+                out += [pytest.param(spec, case, dt, id=f"{name}-{case.name}-{str(dt)[6:]}")
+                        for dt in (torch.float16, torch.bfloat16) if dt in spec.dtypes]
+    return out
+
+
+@pytest.mark.parametrize("spec,case,dtype", _extreme_params())
+def test_all_zero_output_on_extreme_case_is_caught(spec, case, dtype, monkeypatch):
+    """A kernel returning zeros must fail wherever the reference is not itself ~zero, even where the
+    plain-PyTorch baseline breaks (before: rms_norm's hand-written fp16 eager squared values near
+    65504 to inf and returned zeros, the 2x rule's bound became 2 * max|ref|, and an all-zero
+    output passed near-fp16-max)."""
+    gen = torch.Generator().manual_seed(seed_for(f"{spec.name}/{case.name}/{dtype}"))
+    kw = case.make(dtype, torch.device("cpu"), gen)
+    ref = spec.ref(**{k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.element_size() > 1
+                          else v) for k, v in kw.items()})
+    ref = (ref[0] if isinstance(ref, (tuple, list)) else ref).detach()
+    if tolerance.exact_dtype(ref.dtype):
+        pytest.skip("output 0 is an integer/fp8 format: bit-exact, no float tolerance to probe")
+    r_cast = ref.to(dtype).double()
+    fin = torch.isfinite(r_cast)
+    if bool(fin.all()) and (ref.numel() == 0 or float(ref.abs().max()) <= tolerance.ZERO_LEVEL):
+        pytest.skip("the reference is itself ~zero: an all-zero output is right")
+    r = run_case(spec, "cpu", dtype, case, grads=False)
+    assert r.ok, f"control run fails before any bug is planted: {r.why}"
+    mod = _cpu_module(spec)
+    orig = mod.forward
+    monkeypatch.setattr(mod, "forward", lambda *a, **k: _map_first(orig(*a, **k), torch.zeros_like))
+    r = run_case(spec, "cpu", dtype, case, grads=False)
+    assert not r.ok, f"an all-zero output went unnoticed (reference max {float(ref[torch.isfinite(ref)].abs().max()):.3g})"
+
+
+@pytest.mark.parametrize("op", ["linear_w8a8", "linear_fp8"])
+def test_unquantized_activations_are_caught(op, monkeypatch):
+    """The w8a8 / fp8 eager baselines quantize x per token like the kernels, so their error is float
+    rounding only: a kernel that skips the activation quantization (here the exact float64 product
+    of unquantized x, so its error is that quantization noise alone) must fail in fp16.  Before, the
+    baseline ran on unquantized x, its error *was* that noise, and the 2x rule let such a kernel pass."""
+    from tessera.ops._qlinear_int8.ref import activate
+    from tessera.ops.linear_fp8.ref import dequantize_weight
+    spec = tessera.OPS[op]
+    case = _richest_case(spec)
+    assert run_case(spec, "cpu", torch.float16, case, grads=False).ok
+    mod = _cpu_module(spec)
+
+    def forward(x, weight, scale, bias, activation):
+        w = dequantize_weight(weight, scale) if op == "linear_fp8" else weight.double() * scale.double()[:, None]
+        y = x.double() @ w.T + (0 if bias is None else bias.double())
+        return activate(y, activation).to(x.dtype)
+
+    monkeypatch.setattr(mod, "forward", forward)
+    r = run_case(spec, "cpu", torch.float16, case, grads=False)
+    assert not r.ok, f"{op}: a kernel that does not quantize its activations went unnoticed"
+
+
 # ---------------------------------------------------------------- the tolerance rule itself
 
 def test_compare_rules():
@@ -241,3 +305,69 @@ def test_compare_rules():
     off[0] += 1e-4
     assert not tolerance.compare(off, ref, None, torch.float32).ok
     assert tolerance.compare(off, ref, None, torch.float32, tol=(0.0, 2e-4)).ok
+
+
+def test_low_precision_rule_is_per_element_and_capped():
+    """fp16/bf16: |out - ref| <= min(2 * max|eager - ref|, max|ref| / 8) + ~1 ulp of each ref."""
+    ref = torch.tensor([40000.0, -30000.0, 3.0, -0.5, 0.0], dtype=torch.float64)
+    h = ref.half()
+    assert tolerance.compare(h, ref, h, torch.float16).ok           # exact eager: rounding passes
+    # a broken baseline (eager overflowed and returned zeros: its error is the whole output) no
+    # longer admits an all-zero output, nor one off by half its value (old bound: 2 * max|ref|)
+    zeros = torch.zeros_like(h)
+    assert not tolerance.compare(zeros, ref, zeros, torch.float16).ok
+    assert not tolerance.compare((ref * 0.5).half(), ref, zeros, torch.float16).ok
+    assert not tolerance.compare(-h, ref, zeros, torch.float16).ok
+    # ... but a kernel within the cap (max|ref| / 8 = 5000 here) still passes next to it
+    near = (ref + torch.tensor([4500.0, -4500.0, 4500.0, 0.0, 0.0], dtype=torch.float64)).half()
+    assert tolerance.compare(near, ref, zeros, torch.float16).ok
+    assert not tolerance.compare((ref + 5200.0).half(), ref, zeros, torch.float16).ok
+    # eager NaN/inf where the reference is finite gives no allowance (not an infinite bound)
+    nan_lp = torch.full_like(h, float("nan"))
+    assert not tolerance.compare(zeros, ref, nan_lp, torch.float16).ok
+    assert tolerance.compare(h, ref, nan_lp, torch.float16).ok
+    # the per-element floor: about one ulp of each element's own value, not of the largest one
+    small = ref.clone()
+    small_out = h.clone()
+    small_out[2] = float(ref[2]) + 0.1        # 3.0 off by 0.1 = ~50 ulp at 3, < 1 ulp at 40000
+    assert not tolerance.compare(small_out, small, h, torch.float16).ok
+    # a reference that is itself ~zero (below 2^-24) accepts zeros next to a noisy baseline
+    tiny = torch.tensor([1e-15, -2e-15, 0.0], dtype=torch.float64)
+    noisy = torch.tensor([3e-7, -1e-7, 2e-7], dtype=torch.bfloat16)
+    assert tolerance.compare(torch.zeros(3, dtype=torch.bfloat16), tiny, noisy, torch.bfloat16).ok
+
+
+# ---------------------------------------------------------------- gradients are poisoned too
+
+@pytest.mark.parametrize("spec,case", _params())
+def test_unwritten_gradient_element_is_caught(spec, case, monkeypatch):
+    """A backward kernel leaving the last element of a gradient unwritten must fail the cell: run_case
+    poisons the buffers new_output allocates during the backward pass as well (before, gradients were
+    allocated outside the poisoning, so the element held whatever the allocator left there)."""
+    if not spec.grad_inputs:
+        pytest.skip("op has no gradients")
+    _control(spec, torch.float32, case)
+    mod = _cpu_module(spec)
+    orig = mod.backward
+    seen = []
+
+    def probe(*a, **k):
+        out = orig(*a, **k)
+        seen.append(_tensor_indices(out))
+        return out
+
+    monkeypatch.setattr(mod, "backward", probe)
+    assert run_case(spec, "cpu", torch.float32, case).ok
+    assert seen, "the backward kernel was never called"
+    for i in seen[0]:
+        def backward(*a, _i=i, **k):
+            def drop_last(g):
+                fresh = new_output(g.shape, g.dtype, g.device)   # poisoned by run_case, backward too
+                fresh.view(-1)[:-1] = g.reshape(-1)[:-1]
+                return fresh
+            return _map_index(orig(*a, **k), _i, drop_last)
+
+        monkeypatch.setattr(mod, "backward", backward)
+        r = run_case(spec, "cpu", torch.float32, case)
+        assert not r.ok, f"an unwritten element of backward output {i} went unnoticed"
+        assert "grad" in r.why and ("non-finite" in r.why or "NaN" in r.why), r.why

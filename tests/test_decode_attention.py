@@ -9,6 +9,8 @@ backend.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -389,7 +391,7 @@ from tessera.ops.append_kv.cases import _build as _append_case  # noqa: E402
 from tessera.ops.decode_attention import SPEC as DECODE  # noqa: E402
 from tessera.ops.decode_attention.cases import build as _decode_case  # noqa: E402
 
-_FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+_FUZZ = settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 _CACHES = ["same", torch.float16, torch.bfloat16, I8, F8]
 

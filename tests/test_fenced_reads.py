@@ -1,9 +1,11 @@
-"""No cpu kernel reads outside the tensors it is given (tessera.testing.fence).
+"""No cpu kernel reads or writes outside the tensors it is given (tessera.testing.fence).
 
-Each op's cpu cells run in a child process with every input flush against a page that faults
-on access, once ending at it and once starting right after it; a read past either end kills
-the child with SIGSEGV, reported here with the cell that was running.  The cells must also
-still pass the matrix's comparisons.
+Each op's cpu cells run in a child process with every input, upstream gradient, output, gradient,
+workspace and glue copy (``rows()``, fp32 parameters) flush against a page that faults on access,
+once ending at it and once starting right after it; a read or write past either end kills the
+child with SIGSEGV, reported here with the cell that was running.  The cells must also still pass
+the matrix's comparisons.  Planted kernels writing one element past an output or a gradient prove
+the writes are fenced.
 """
 import signal
 import subprocess
@@ -43,6 +45,62 @@ def test_fence_faults_past_either_end():
     assert _fault_in_child("t = fenced(torch.arange(1000.), 'start')\n"
                            "torch.as_strided(t, (1,), (1,), t.storage_offset() - 1).sum()") == -signal.SIGSEGV
     assert _fault_in_child("t = fenced(torch.arange(1000.), 'end')\nprint(float(t.sum()))") == 0
+
+
+_PLANT = """
+import ctypes, importlib, sys
+import torch
+import tessera
+from tessera._library import as_fp32_param
+from tessera._registry import OPS
+from tessera.testing.fence import run_cell
+what, side = sys.argv[1], sys.argv[2]
+op, case, dtype, fn = {
+    "forward-write": ("silu", "3x5x123", torch.float32, "forward"),
+    "backward-write": ("silu", "3x5x123", torch.float32, "backward"),
+    "rows-read": ("silu", "transposed-5x3x123", torch.float32, "forward"),
+    "param-read": ("rms_norm", "3x5x123", torch.bfloat16, "forward")}[what]
+spec = OPS[op]
+mod = importlib.import_module(spec.kernels["cpu"])
+orig = getattr(mod, fn)
+
+
+def touch(t, write):
+    # one element past the end (or before the start) of t's memory, as an unmasked vector
+    # load or store of a tail would touch it
+    es = t.element_size()
+    p = t.data_ptr() + (t.numel() * es if side == "end" else -es)
+    ctypes.memset(p, 0, es) if write else ctypes.string_at(p, es)
+
+
+def planted(*a, **k):
+    if what == "rows-read":      # the glue's rows() copy of a transposed input
+        assert a[0].is_contiguous() and a[0].stride(-1) == 1
+        touch(a[0], False)
+    if what == "param-read":     # the glue's fp32 copy of a bf16 weight
+        touch(as_fp32_param(a[1]), False)
+    out = orig(*a, **k)
+    if what.endswith("write"):   # the buffer the kernel returns: an output, or a gradient
+        touch(out if isinstance(out, torch.Tensor) else out[0], True)
+    return out
+
+
+setattr(mod, fn, planted)
+r = run_cell(spec, "cpu", dtype, next(c for c in spec.cases if c.name == case), side)
+print("survived", r.ok, r.why)
+"""
+
+
+@pytest.mark.parametrize("side", ["end", "start"])
+@pytest.mark.parametrize("what", ["forward-write", "backward-write", "rows-read", "param-read"])
+def test_fenced_planted_access_faults(what, side):
+    """A kernel touching one element past either end of its output, of the gradient it fills, of the
+    rows() copy of a transposed input or of the fp32 copy of a bf16 weight is killed by the fence:
+    those buffers come from ``new_output`` / the glue helpers, which the fence places flush against
+    the faulting page."""
+    r = subprocess.run([sys.executable, "-c", _PLANT, what, side], capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGSEGV, (f"{what} one element past the {side} of its buffer went "
+                                             f"unnoticed: exit {r.returncode}\n{r.stdout}{r.stderr[-3000:]}")
 
 
 @pytest.mark.parametrize("side", ["end", "start"])

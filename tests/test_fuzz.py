@@ -1,4 +1,5 @@
-"""Property-based fuzzing (hypothesis): random shapes, layouts and dtypes, cpu vs float64 reference.
+"""Property-based fuzzing (hypothesis): random shapes, layouts and dtypes, cpu and triton (under
+the interpreter) vs float64 reference.
 
 Inputs are built generically from each op spec.  A small case tells the role of
 every tensor argument:
@@ -11,12 +12,14 @@ and which arguments are optional (``None`` in some case) and which options
 last dim in 1..300, a dtype, the options, and an independent layout for every
 ``act`` tensor: contiguous, a column slice with a step (inner stride > 1), a
 row slice of a wider buffer, a transpose, a broadcast (expand) or a nonzero
-storage offset.  Each draw runs through the very same check as the matrix
+storage offset; every ``param`` gets one too: contiguous, step-sliced (``w[::2]``),
+broadcast from one value (stride 0) or offset.  Each draw runs through the very same check as the matrix
 (:func:`tessera.testing.matrix.run_case`: poisoned outputs, forward and
 gradients under :mod:`tessera.testing.tolerance`).
 
 Bounded for CI: ``max_examples`` 25 per op, no deadline, derandomized (set
-``TESSERA_FUZZ_RANDOM=1`` for fresh draws, ``TESSERA_FUZZ_EXAMPLES`` for more).
+``TESSERA_FUZZ_RANDOM=1`` for fresh draws, ``TESSERA_FUZZ_EXAMPLES`` for more); the Triton
+backend 8 per op on small shapes (``TESSERA_FUZZ_TRITON_EXAMPLES``).
 """
 from __future__ import annotations
 
@@ -37,6 +40,14 @@ RANDOM = os.environ.get("TESSERA_FUZZ_RANDOM", "0") == "1"
 EXAMPLES = int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25"))
 MAX_NUMEL = 24_000
 LAYOUTS = ("contig", "colstep", "rowslice", "transpose", "expand", "offset")
+# Per-feature parameters (weight, bias) are 1-D: contiguous, step-sliced (w[::2]), broadcast
+# from one value (stride 0) or at a storage offset.  Kernels that index them as ``ptr + col``
+# fail the first two (issue #13 item 3).
+PARAM_LAYOUTS = ("contig", "colstep", "expand", "offset")
+# The Triton backend under the interpreter (~ms per program): a small bounded budget and
+# small shapes; TESSERA_FUZZ_TRITON_EXAMPLES for more.
+TRITON_EXAMPLES = int(os.environ.get("TESSERA_FUZZ_TRITON_EXAMPLES", "8"))
+TRITON_MAX_NUMEL = 2_048
 
 
 def analyse(spec):
@@ -100,6 +111,8 @@ def _build(shape, dtype, gen, layout, knobs):
         s = list(shape)
         s[i], s[-1] = s[-1], s[i]
         return rnd(*s).transpose(i, -1)
+    if layout == "expand" and len(shape) == 1:  # a parameter: one value broadcast (stride 0)
+        return rnd(1).expand(*shape)
     if layout == "expand" and len(shape) >= 2:
         s = list(shape)
         for d in range(len(s) - 1):             # broadcast a subset of the leading dims (stride 0)
@@ -115,16 +128,16 @@ def _build(shape, dtype, gen, layout, knobs):
 
 
 @st.composite
-def op_inputs(draw, spec, info):
-    """A (dtype, Case) whose make() builds one random input set."""
+def op_inputs(draw, spec, info, backend="cpu", max_numel=MAX_NUMEL):
+    """A (dtype, Case) whose make() builds one random input set for ``backend``."""
     primary, roles, optional, options = info
-    dtypes = [d for d in spec.dtypes if supports(spec, "cpu", torch.device("cpu"), d)[0]]
+    dtypes = [d for d in spec.dtypes if supports(spec, backend, torch.device("cpu"), d)[0]]
     dtype = draw(st.sampled_from(dtypes))
     lead = draw(st.lists(st.integers(1, 9), min_size=1, max_size=3))
     n = draw(st.integers(1, 300))
-    while len(lead) > 1 and n * _prod(lead) > MAX_NUMEL:
+    while len(lead) > 1 and n * _prod(lead) > max_numel:
         lead = lead[1:]
-    lead[0] = max(1, min(lead[0], MAX_NUMEL // max(1, n * _prod(lead[1:]))))
+    lead[0] = max(1, min(lead[0], max_numel // max(1, n * _prod(lead[1:]))))
     shape = (*lead, n)
     plan = {}
     for k, role in roles.items():
@@ -141,6 +154,10 @@ def op_inputs(draw, spec, info):
             opts[k] = draw(st.integers(-len(shape), len(shape) - 1))
         elif values:
             opts[k] = draw(st.sampled_from(values))
+    for k, p in plan.items():  # parameters get their own layouts (drawn last)
+        if p is not None and roles[k] != "act":
+            knobs = (draw(st.integers(0, 7)), draw(st.integers(0, 5)))
+            plan[k] = (draw(st.sampled_from(PARAM_LAYOUTS)), knobs)
 
     def make(dt, device, gen):
         kw = dict(opts)
@@ -150,7 +167,7 @@ def op_inputs(draw, spec, info):
             elif roles[k] == "act":
                 kw[k] = _build(shape, dt, gen, p[0], p[1]).to(device)
             else:
-                kw[k] = _build((n,), dt, gen, "contig", p[1]).to(device)
+                kw[k] = _build((n,), dt, gen, p[0], p[1]).to(device)
         return kw
 
     desc = f"shape={shape} dtype={dtype} opts={opts} plan={plan}"
@@ -177,6 +194,7 @@ def test_ops_outside_the_generic_fuzz_fuzz_themselves(name):
     assert "@given" in text and name in text, f"{name}: {path.name} has no hypothesis test of this op"
 
 
+@pytest.mark.fuzz  # `pytest -m fuzz`: EXAMPLES becomes >= 1000 (tests/conftest.py)
 @pytest.mark.parametrize("name", _ops())
 def test_fuzz_cpu_vs_reference(name):
     spec = tessera.OPS[name]
@@ -191,6 +209,26 @@ def test_fuzz_cpu_vs_reference(name):
     def check(drawn):
         dtype, case = drawn
         r = run_case(spec, "cpu", dtype, case)
+        assert r.ok, f"{case.name}: {r.why}"
+
+    check()
+
+
+@pytest.mark.parametrize("name", _ops())
+def test_fuzz_triton_vs_reference(name):
+    """The same generic fuzz on the Triton backend (under TRITON_INTERPRET=1 on CPU tensors):
+    a small bounded budget (TRITON_EXAMPLES) and small shapes (TRITON_MAX_NUMEL)."""
+    spec = tessera.OPS[name]
+    if not any(supports(spec, "triton", torch.device("cpu"), d)[0] for d in spec.dtypes):
+        pytest.skip(f"{name}: the triton backend is not available here (TRITON_INTERPRET=1 not set?)")
+    info = analyse(spec)
+
+    @settings(max_examples=TRITON_EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(drawn=op_inputs(spec, info, "triton", TRITON_MAX_NUMEL))
+    def check(drawn):
+        dtype, case = drawn
+        r = run_case(spec, "triton", dtype, case)
         assert r.ok, f"{case.name}: {r.why}"
 
     check()

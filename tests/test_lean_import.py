@@ -27,6 +27,7 @@ _PROBE = textwrap.dedent("""
         "kernel_modules": sorted(m for m in sys.modules
                                  if m.startswith("tessera.ops.") and m.rsplit(".", 1)[-1] in ("cpu", "triton")),
         "jit_imported": "tessera._jit" in sys.modules,
+        "testing_modules": sorted(m for m in sys.modules if m.startswith("tessera.testing")),
         "loaded": sys.modules["tessera._jit"].loaded_libraries() if "tessera._jit" in sys.modules else [],
         "ops": ops,
         "cache_exists": os.path.exists(os.environ["TESSERA_CACHE_DIR"]),
@@ -59,6 +60,8 @@ def test_import_is_lean(tmp_path):
     assert not r["cache_exists"], "import tessera created the JIT cache directory"
     assert r["kernel_modules"] == [], f"import tessera imported kernel modules: {r['kernel_modules']}"
     assert r["cache_files"] == [], f"import tessera wrote to the JIT cache: {r['cache_files']}"
+    # the library must not depend on its test helpers (specs build their cases from tessera._cases)
+    assert r["testing_modules"] == [], f"import tessera imported its test helpers: {r['testing_modules']}"
 
 
 def test_import_is_lean_with_interpreter_env(tmp_path):

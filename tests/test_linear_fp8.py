@@ -123,7 +123,7 @@ def test_cpu_fp32_path_matrix(case, monkeypatch):
 
 # ---------------------------------------------------------------- hypothesis fuzz (spec.fuzz)
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "60")), deadline=None)
 @given(M=st.integers(0, 70), N=st.integers(1, 140), K=st.integers(1, 300),
        kind=st.sampled_from(["tensor", "row", "block"]), fmt=st.sampled_from([E4M3, E5M2]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),

@@ -12,7 +12,16 @@ opcheck runs the schema test (no hidden mutation/aliasing), the fake-tensor test
 (fake kernel agrees with the real one on shapes/dtypes/strides) and the
 AOT-dispatch test (compiled forward/backward match eager).  Cases are picked
 generically: the smallest case of every distinct argument signature (e.g. with
-and without ``residual``/``weight``) plus one non-contiguous layout case.
+and without ``residual``/``weight``, an int8 or fp8 KV cache, an fp8 weight) plus
+one non-contiguous layout case.
+
+Every dtype an op supports is checked (``spec.dtypes``: fp32, fp16 and bf16, int8 and
+int16 for ``int_mm``; the int8 / fp8 operands of the quantized ops are case variants):
+a fake kernel, an ``out_dtypes`` entry or a backward whose output dtype is right only in
+fp32 fails here.  The first dtype gets every picked case on every backend; the others one
+case per combination of operand dtypes (fp16 q with an int8 / fp8 / fp16 cache, ...) on
+the cpu and triton backends (the reference kernels are float64 math cast back, the same
+code in every dtype), which keeps the file at ~1.5x its fp32-only time.
 """
 from __future__ import annotations
 
@@ -49,25 +58,30 @@ def _numel(kw) -> int:
     return sum(v.numel() for v in kw.values() if isinstance(v, torch.Tensor))
 
 
-def _signature(kw) -> tuple:
-    """Which arguments are tensors / None, and the discrete (non-float) options: one case per variant."""
+def _signature(kw, dtypes_only: bool = False) -> tuple:
+    """Which arguments are tensors (and their dtypes: an int8 / fp8 cache or weight is its own
+    variant) / None, and the discrete (non-float) options: one case per variant.  With
+    ``dtypes_only``, only the tensors' dtypes (the variants that matter in a second dtype)."""
     sig = []
     for k, v in sorted(kw.items()):
         if isinstance(v, torch.Tensor):
-            sig.append((k, "T"))
-        elif v is None or isinstance(v, (str, bool, int)):
+            sig.append((k, "T", str(v.dtype)))
+        elif not dtypes_only and (v is None or isinstance(v, (str, bool, int))):
             sig.append((k, repr(v)))
     return tuple(sig)
 
 
-def pick_cases(spec, max_numel: int = MAX_NUMEL):
-    """Smallest case of every argument signature + the smallest non-contiguous layout case."""
+def pick_cases(spec, max_numel: int = MAX_NUMEL, dtype=None, dtypes_only: bool = False):
+    """Smallest case of every argument signature + the smallest non-contiguous layout case;
+    with ``dtypes_only`` (the op's second and third dtypes), one case per combination of
+    operand dtypes and no layout case (strides do not depend on the dtype)."""
+    dtype = dtype or spec.dtypes[0]
     best: dict[tuple, tuple[int, object]] = {}
     layout = None
     for case in spec.cases:
-        if case.tags & SKIP_TAGS:
+        if case.tags & SKIP_TAGS or (dtypes_only and "layout" in case.tags):
             continue
-        kw = case.make(torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
+        kw = case.make(dtype, torch.device("cpu"), torch.Generator().manual_seed(0))
         n = _numel(kw)
         biggest = max((v.numel() for v in kw.values() if isinstance(v, torch.Tensor)), default=0)
         if n > max_numel:
@@ -76,7 +90,7 @@ def pick_cases(spec, max_numel: int = MAX_NUMEL):
             if layout is None or n < layout[0]:
                 layout = (n, case)
             continue
-        sig = _signature(kw)
+        sig = _signature(kw, dtypes_only)
         # prefer cases with a few elements per tensor (1x1 hides indexing bugs), then the smallest
         key = (biggest < 8, n)
         if sig not in best or key < best[sig][0]:
@@ -85,6 +99,10 @@ def pick_cases(spec, max_numel: int = MAX_NUMEL):
     if layout is not None:
         out.append(layout[1])
     return out
+
+
+def _dname(dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def record_calls(spec, case, backend, dtype=torch.float32):
@@ -124,8 +142,12 @@ def _params(backends):
         for backend in backends:
             if backend not in spec.kernels:
                 continue
-            for case in pick_cases(spec):
-                out.append(pytest.param(spec, backend, case, id=f"{name}-{backend}-{case.name}"))
+            for i, dtype in enumerate(spec.dtypes):
+                if i > 0 and backend == "reference":
+                    continue  # its kernels are float64 math cast back: one dtype checks the wiring
+                tag = "" if i == 0 else f"{_dname(dtype)}-"  # the first dtype keeps its old test ids
+                for case in pick_cases(spec, dtype=dtype, dtypes_only=i > 0):
+                    out.append(pytest.param(spec, backend, case, dtype, id=f"{name}-{backend}-{tag}{case.name}"))
     return out
 
 
@@ -145,18 +167,43 @@ def _check_all(spec, backend, case, dtype=torch.float32):
         if key in seen:
             continue
         seen.add(key)
-        result = torch.library.opcheck(func, _prepare(args, phase), dict(kwargs))
+        prepared = _prepare(args, phase)
+        utils = _OPCHECK_UTILS
+        if any(t.dtype in _FP8 for t in _tensors(prepared)):
+            # torch's schema test compares every argument before/after with float math that has no
+            # fp8 CPU kernel ("mul_cpu_reduced_float"): check "no hidden mutation" on the raw bytes
+            utils = tuple(u for u in utils if u != "test_schema")
+            before = [t.detach().view(torch.uint8).clone() for t in _tensors(prepared) if t.dtype in _FP8]
+            func(*prepared, **kwargs)
+            after = [t.detach().view(torch.uint8) for t in _tensors(prepared) if t.dtype in _FP8]
+            assert all(torch.equal(a, b) for a, b in zip(before, after)), f"{func} mutated an fp8 input"
+        result = torch.library.opcheck(func, prepared, dict(kwargs), test_utils=utils)
         bad = {k: v for k, v in result.items() if v != "SUCCESS"}
         assert not bad, f"{func} ({phase}): {bad}"
 
 
-@pytest.mark.parametrize("spec,backend,case", _params(("cpu", "reference")))
-def test_opcheck(spec, backend, case):
-    _check_all(spec, backend, case, spec.dtypes[0])  # float32, or int8 for integer ops
+_OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+_FP8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
 
 
-def _one_small_case(spec):
-    cases = pick_cases(spec, max_numel=1024)
+def _tensors(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors(a)
+
+
+_PARAMS = _params(("cpu", "reference"))
+
+
+@pytest.mark.parametrize("spec,backend,case,dtype", _PARAMS)
+def test_opcheck(spec, backend, case, dtype):
+    _check_all(spec, backend, case, dtype)
+
+
+def _one_small_case(spec, dtype):
+    cases = pick_cases(spec, max_numel=1024, dtype=dtype)
     return cases[:1]
 
 
@@ -164,16 +211,31 @@ def _triton_params():
     out = []
     for name, spec in sorted(tessera.OPS.items()):
         if "triton" in spec.kernels:
-            for case in _one_small_case(spec):
-                out.append(pytest.param(spec, case, id=f"{name}-triton-{case.name}"))
+            for i, dtype in enumerate(spec.dtypes):
+                tag = "" if i == 0 else f"{_dname(dtype)}-"
+                for case in _one_small_case(spec, dtype):
+                    out.append(pytest.param(spec, case, dtype, id=f"{name}-triton-{tag}{case.name}"))
     return out
+
+
+_TRITON_PARAMS = _triton_params()
 
 
 @pytest.mark.skipif(not (triton_backend.interpreted() and backend_available("triton", torch.device("cpu"))[0]),
                     reason="triton backend needs TRITON_INTERPRET=1 on a CPU-only machine")
-@pytest.mark.parametrize("spec,case", _triton_params())
-def test_opcheck_triton_interpreted(spec, case):
-    _check_all(spec, "triton", case, spec.dtypes[0])
+@pytest.mark.parametrize("spec,case,dtype", _TRITON_PARAMS)
+def test_opcheck_triton_interpreted(spec, case, dtype):
+    _check_all(spec, "triton", case, dtype)
+
+
+def test_every_dtype_is_opchecked():
+    """Each op x backend x supported dtype has at least one opcheck case (not only fp32)."""
+    want = {(n, b, d) for n, s in tessera.OPS.items() for b in ("cpu", "triton")
+            if b in s.kernels for d in s.dtypes}
+    have = {(p.values[0].name, p.values[1], p.values[3]) for p in _PARAMS}
+    have |= {(p.values[0].name, "triton", p.values[2]) for p in _TRITON_PARAMS}
+    missing = sorted((n, b, str(d)) for n, b, d in want - have)
+    assert not missing, f"ops x backends x dtypes that opcheck never runs: {missing[:10]} ({len(missing)})"
 
 
 @pytest.mark.parametrize("name", sorted(tessera.OPS))

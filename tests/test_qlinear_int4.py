@@ -19,6 +19,8 @@ reference under the float tolerance.  Here:
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -161,11 +163,12 @@ def _case(group, K, lead, N, zp, has_bias, act, layout, dtype, scale):
     return Case(f"fuzz[{lead}x{K}x{N} g{group} zp={zp} b={has_bias} {act} {layout} x{scale}]", make)
 
 
+@pytest.mark.fuzz  # `pytest -m fuzz`: TESSERA_FUZZ_EXAMPLES >= 1000 (tests/conftest.py)
 @pytest.mark.parametrize("op", OPS)
 def test_fuzz_cpu_vs_reference(op):
     spec = tessera.OPS[op]
 
-    @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(drawn=_draw())
     def check(drawn):

@@ -15,6 +15,8 @@ CPU ISA level).  Here, what the generic harness cannot see:
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -169,7 +171,7 @@ def test_linear_bad_input(op, change, exc, needle):
 
 def test_k_limit_is_enforced():
     K = 131073
-    with pytest.raises(ValueError, match="'x'.*131072"):
+    with pytest.raises(ValueError, match="'x'.*131071"):
         tessera.linear_w8a8(torch.randn(1, K), torch.zeros(1, K, dtype=torch.int8), torch.ones(1))
     with pytest.raises(ValueError, match="'a'"):
         tessera.int_mm(torch.zeros(1, K, dtype=torch.int8), torch.zeros(1, K, dtype=torch.int8))
@@ -214,11 +216,12 @@ def _linear_inputs(draw):
     return dtype, case
 
 
+@pytest.mark.fuzz  # `pytest -m fuzz`: TESSERA_FUZZ_EXAMPLES >= 1000 (tests/conftest.py)
 @pytest.mark.parametrize("op", sorted(LINEARS))
 def test_fuzz_linear_cpu_vs_reference(op):
     spec = tessera.OPS[op]
 
-    @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(drawn=_linear_inputs())
     def check(drawn):
@@ -229,7 +232,7 @@ def test_fuzz_linear_cpu_vs_reference(op):
     check()
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+@settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "30")), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(M=st.integers(0, 40), K=st.integers(1, 300), N=st.integers(1, 70),
        adtype=st.sampled_from([torch.int8, torch.int16]), rowslice=st.booleans())

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -282,7 +284,7 @@ _KINDS = [(q, br, bc) for q in QTYPES for br, bc in ((1, 0), (0, 0), (1, 32), (3
           if not (q == "q4_0" and br != 1)]
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+@settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "40")), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(kind=st.sampled_from(_KINDS), m=st.integers(0, 9), k=st.integers(1, 80),
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
@@ -331,22 +333,55 @@ def test_bad_input(call, exc, needle):
     assert needle in str(info.value), str(info.value)
 
 
+def test_golden_files_are_the_independent_generator_output(tmp_path, monkeypatch):
+    """Every committed golden file is exactly what tests/golden/make_golden.py (numpy + ml_dtypes,
+    no tessera, no torch) writes: none holds tessera's own earlier output."""
+    import importlib.util
+    import shutil
+    src = Path(__file__).with_name("golden")
+    spec = importlib.util.spec_from_file_location("make_golden", src / "make_golden.py")
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    assert "tessera" not in mg.__dict__ and "torch" not in mg.__dict__
+    shutil.copytree(src / "gguf", tmp_path / "gguf")      # gguf-py's bytes are inputs there
+    monkeypatch.setattr(mg, "HERE", tmp_path)
+    mg.main()
+    committed = sorted(p.relative_to(src) for p in src.rglob("*.json"))
+    assert committed == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.json"))
+    differ = [str(p) for p in committed if (src / p).read_bytes() != (tmp_path / p).read_bytes()]
+    assert not differ, f"golden files not produced by make_golden.py: {differ}"
+
+
 @pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
 def test_ggml_bytes_against_gguf_py(fmt):
     """tests/golden/gguf/: block bytes written by llama.cpp's own Python package (gguf-py) --
-    tessera reads them exactly (dequantisation equals gguf's) and writes the same bytes except
-    where ggml's rounding (half up / half away from zero) and tessera's (half to even) part."""
+    tessera reads them exactly (dequantisation equals gguf's) and writes ``expected_hex``: the
+    bytes of tessera's documented rule computed independently in numpy (make_golden.py), never
+    tessera's own earlier output.  Those differ from gguf's only where ggml's rounding (half up /
+    half away from zero) and tessera's (half to even) part: each differing byte is checked here
+    to hold a value whose x / d is an exact .5 tie."""
     doc = json.loads(Path(__file__).with_name("golden").joinpath("gguf", f"{fmt}.json").read_text())
+    assert "tessera_hex" not in doc, "golden bytes must not be tessera's own earlier output"
     x = _golden_input(doc)
     raw = torch.tensor(list(bytes.fromhex(doc["ggml_hex"])), dtype=torch.uint8).reshape(doc["shape"][0], -1)
     qt = quant.from_ggml(raw, fmt, doc["shape"])
     for b in BACKENDS:
         assert torch.equal(_bits(qt.dequantize(backend=b)).reshape(-1), _bits(_f32(doc["dequant_hex"])))
         mine = quant.to_ggml(quant.quantize(x, fmt, backend=b))
-        assert mine.numpy().tobytes().hex() == doc["tessera_hex"]
-    ours, theirs = bytes.fromhex(doc["tessera_hex"]), bytes.fromhex(doc["ggml_hex"])
-    assert [i for i in range(len(ours)) if ours[i] != theirs[i]] == doc["differing_bytes"]
-    assert len(doc["differing_bytes"]) <= 1
+        assert mine.numpy().tobytes().hex() == doc["expected_hex"], b
+    ours, theirs = bytes.fromhex(doc["expected_hex"]), bytes.fromhex(doc["ggml_hex"])
+    differing = [i for i in range(len(ours)) if ours[i] != theirs[i]]
+    assert differing == doc["differing_bytes"] and len(differing) <= 1
+    # every difference is at a documented tie: x / d exactly n + 1/2 (d: the block's fp16 scale)
+    per = 18 if fmt == "q4_0" else 34                     # fp16 d + 16 nibble pairs / 32 int8 codes
+    xs = x.numpy().reshape(-1)
+    for i in differing:
+        blk, off = divmod(i, per)
+        assert off >= 2, f"byte {i} is part of a scale, not a code"
+        d = float(np.frombuffer(ours[blk * per:blk * per + 2], np.float16)[0])
+        idx = [blk * 32 + off - 2] + ([blk * 32 + off - 2 + 16] if fmt == "q4_0" else [])
+        q = [np.float32(xs[j]) / np.float32(d) for j in idx]
+        assert any(float(v) - math.floor(float(v)) == 0.5 for v in q), (i, [float(v) for v in q])
 
 
 def test_e4m3fnuz_has_no_negative_zero():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import math
 
 import pytest
@@ -273,14 +274,20 @@ def test_quantize_model_skips_and_reports():
         quantize_model("model", "w8a8")
 
 
-def test_tessera_quantize_dispatches_models_and_tensors():
-    """``tessera.quantize`` is one name: a model + recipe -> QuantLinear layers and a report; a
-    tensor + format -> a QTensor that ``tessera.dequantize`` turns back into floats."""
+def test_tessera_quantize_dispatches_models_and_tensors(caplog):
+    """``tessera.quantize`` is one name: a model + recipe -> the same model, its layers now
+    QuantLinear, with the report as ``model.tessera_quant_report`` (and logged); a tensor +
+    format -> a QTensor that ``tessera.dequantize`` turns back into floats."""
     gen = torch.Generator().manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     x = torch.randn(3, 256, generator=gen)
     want = model(x)
-    report = tessera.quantize(model, "w8a8")
+    with caplog.at_level(logging.INFO, logger="tessera"):
+        returned = tessera.quantize(model, "w8a8")
+    assert returned is model  # `model = tessera.quantize(model, recipe)` must keep the model
+    report = model.tessera_quant_report
+    assert isinstance(report, QuantReport) and "2 linear layers replaced" in caplog.text
+    assert "tessera_quant_report" not in "".join(model.state_dict())
     assert isinstance(model[0], tessera.nn.QuantLinear) and len(report.replaced) == 2
     assert report.bytes_after < report.bytes_before
     got = model(x)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -301,7 +302,7 @@ def _fuzz_case(draw):
     return dtype, case
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+@settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(drawn=_fuzz_case())
 def test_fuzz_cpu_vs_reference(drawn):

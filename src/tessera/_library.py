@@ -5,9 +5,16 @@ Conventions every kernel module relies on:
 * Kernels see *row views*: 2-D ``(rows, n)`` tensors whose last stride is 1 and
   whose row stride is arbitrary (0 for broadcast rows, > n for slices of a fused
   projection).  :func:`rows` makes one without copying when the layout allows it.
-* Kernels allocate outputs with :func:`new_output`: always contiguous, and filled
-  with NaN ("poisoned") while :func:`poison_outputs` is active, so a test catches
-  any element a kernel forgot to write.
+* Every buffer a kernel writes (forward outputs, backward gradients, fp32 parameter
+  gradients, workspaces it fills) is allocated with :func:`new_output`: always
+  contiguous, and filled with NaN ("poisoned") while :func:`poison_outputs` is active,
+  so a test catches any element a kernel forgot to write. While a test installs a
+  placement hook (:func:`placement`, used by :mod:`tessera.testing.fence`) the memory
+  comes from that hook instead, flush against a page that faults, so a kernel writing
+  past either end of its output crashes. The glue's own copies (:func:`rows` of a
+  transposed input, :func:`as_fp32_param`, :func:`contiguous`) go through the same
+  hook, so a kernel reading past them faults too. Without a hook both cost one list
+  lookup.
 * Custom ops are opaque to ``torch.compile``/``torch.export``; each has a fake
   kernel that allocates the same contiguous outputs.
 """
@@ -20,6 +27,7 @@ from typing import Iterator
 import torch
 
 _POISON = [False]
+_PLACE = [None]  # (shape, dtype, device) -> contiguous tensor, or None: plain torch.empty
 
 
 @contextlib.contextmanager
@@ -33,8 +41,22 @@ def poison_outputs(enabled: bool = True) -> Iterator[None]:
         _POISON[0] = prev
 
 
+@contextlib.contextmanager
+def placement(alloc) -> Iterator[None]:
+    """Allocate every kernel-written buffer and glue copy with ``alloc(shape, dtype, device)``
+    (a contiguous tensor) instead of ``torch.empty``; ``None`` restores the default."""
+    prev = _PLACE[0]
+    _PLACE[0] = alloc
+    try:
+        yield
+    finally:
+        _PLACE[0] = prev
+
+
 def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    out = torch.empty(shape, dtype=dtype, device=device)
+    """A contiguous buffer for a kernel to write: poisoned and placed while a test asks."""
+    place = _PLACE[0]
+    out = torch.empty(shape, dtype=dtype, device=device) if place is None else place(shape, dtype, device)
     if _POISON[0] and out.numel():
         out.fill_(float("nan") if out.is_floating_point() else -1)
     return out
@@ -58,7 +80,7 @@ def rows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(1, 1)
     n = t.shape[-1]
     if t.stride(-1) != 1 and n > 1:
-        t = t.contiguous()
+        t = t.contiguous() if _PLACE[0] is None else _placed_copy(t)
     if t.dim() == 1:
         return t.unsqueeze(0)
     if t.dim() == 2 and n:  # already a row view (what view(-1, n) would return, ~1.6 us less)
@@ -66,14 +88,32 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     try:
         return t.view(-1, n)
     except RuntimeError:
-        return t.contiguous().view(-1, n)
+        return (t.contiguous() if _PLACE[0] is None else _placed_copy(t)).view(-1, n)
 
 
 def as_fp32_param(t: torch.Tensor | None) -> torch.Tensor | None:
     """Per-feature parameters (weight/bias) are small: kernels take them as contiguous fp32."""
     if t is None:
         return None
-    return t.to(torch.float32).contiguous()
+    if _PLACE[0] is None or (t.dtype == torch.float32 and t.is_contiguous()):
+        return t.to(torch.float32).contiguous()  # no copy at all when already fp32 and contiguous
+    return _placed_copy(t, torch.float32)
+
+
+def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t.contiguous()`` for the glue (weights, scales, saved statistics handed to a kernel): a
+    copy, when one is needed, comes from the placement hook under test like :func:`rows`'."""
+    if t is None or _PLACE[0] is None or t.is_contiguous():
+        return None if t is None else t.contiguous()
+    return _placed_copy(t)
+
+
+def _placed_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t.to(dtype).contiguous()`` in memory from the placement hook (the copy a kernel reads
+    must be fenced like the tensor it was copied from)."""
+    out = _PLACE[0](tuple(t.shape), t.dtype if dtype is None else dtype, t.device)
+    out.copy_(t)
+    return out
 
 
 def direct(op, impl, *tensors):

@@ -1,20 +1,29 @@
 """``tessera.quantize`` / ``tessera.dequantize``: one name for tensors and for models.
 
 * ``tessera.quantize(model, "w4a16-g128")`` -- replaces the model's ``nn.Linear`` layers in
-  place by ``tessera.nn.QuantLinear`` (recipes in ``tessera.quant.model``) and returns a
-  report of the layers replaced and the memory saved;
+  place by ``tessera.nn.QuantLinear`` (recipes in ``tessera.quant.model``) and returns the
+  model itself (as torchao's ``quantize_`` users expect: ``model = tessera.quantize(model, r)``
+  works).  The report of the layers replaced and the memory saved is the model's
+  ``tessera_quant_report`` attribute and is logged at INFO on the ``tessera`` logger;
+  ``tessera.quant.quantize_model`` returns it directly;
 * ``tessera.quantize(tensor, "int4-g128")`` -- a ``QTensor`` in that named format
   (``tessera.quant.formats``), bit-exact on every backend.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
+
+_log = logging.getLogger("tessera")
 
 
 def quantize(obj, recipe_or_format: str, **kwargs):
     if isinstance(obj, torch.nn.Module):
         from .quant.model import quantize_model
-        return quantize_model(obj, recipe_or_format, **kwargs)
+        report = quantize_model(obj, recipe_or_format, **kwargs)  # also sets obj.tessera_quant_report
+        _log.info("%s", report)
+        return obj
     if isinstance(obj, torch.Tensor):
         from .quant import quantize as quantize_tensor
         return quantize_tensor(obj, recipe_or_format, **kwargs)

@@ -79,6 +79,10 @@ class OpSpec:
     # the row's own ceiling, timed in the same interleaved loop as the contenders; may also be a
     # function of the kwargs (a quantized GEMV is memory-bound, the same op's GEMM compute-bound)
     bound: str | Callable[[dict], str] = "memory"
+    # the dtype of a compute-bound row's arithmetic, which picks its ceiling among the peaks
+    # measured in the bench header: "fp32" (FMA), "bf16" (VDPBF16PS / AMX) or "int8" (VPDPBUSD /
+    # AMX); a string or a function of the kwargs (attention's bf16 scores use VDPBF16PS)
+    compute_dtype: str | Callable[[dict], str] = "fp32"
     # a plain read of exactly the bytes the op must read, in the order its memory layout allows
     # (a paged KV cache through its block table), with no compute: factory(kwargs) -> no-arg
     # callable, or None where there is none (another device).  `tessera bench` times it in the

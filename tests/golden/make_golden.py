@@ -169,6 +169,21 @@ def fp8_input(kind, M=3, K=16):
     return x
 
 
+def ggml_bytes(codes, scale, ggml) -> bytes:
+    """ggml block bytes: per 32 values the fp16 d, then Q4_0 byte j = q[j] | q[j + 16] << 4
+    (codes offset binary) or Q8_0's 32 int8 codes."""
+    d16 = scale.astype(np.float16)
+    M, K = codes.shape
+    out = bytearray()
+    for i in range(M):
+        for b in range(K // 32):
+            q = codes[i, b * 32:(b + 1) * 32]
+            out += d16[i, b].tobytes()
+            out += bytes(int(q[j] | (q[j + 16] << 4)) for j in range(16)) if ggml == "q4_0" \
+                else q.astype(np.int8).tobytes()
+    return bytes(out)
+
+
 def write(name, fmt, x, kind, br, bc, packed=False, ggml=None, note=""):
     codes, scale, zero = quant(x, kind, br, bc)
     deq = dequant(codes, scale, zero, kind, br, bc)
@@ -181,15 +196,7 @@ def write(name, fmt, x, kind, br, bc, packed=False, ggml=None, note=""):
         d16 = scale.astype(np.float16)
         doc["scale_hex"] = [f"{int(v):04x}" for v in d16.reshape(-1).view(np.uint16)]
         doc["scale"] = [jnum(v) for v in d16.reshape(-1)]
-        M, K = x.shape
-        out = bytearray()
-        for i in range(M):
-            for b in range(K // 32):
-                q = codes[i, b * 32:(b + 1) * 32]
-                out += d16[i, b].tobytes()
-                out += bytes(int(q[j] | (q[j + 16] << 4)) for j in range(16)) if ggml == "q4_0" \
-                    else q.astype(np.int8).tobytes()
-        doc["ggml_hex"] = out.hex()
+        doc["ggml_hex"] = ggml_bytes(codes, scale, ggml).hex()
         # dequantisation uses the stored fp16 scale
         deq = dequant(codes, d16.astype(F), None, kind, br, bc)
     else:
@@ -226,6 +233,30 @@ def main():
           note="d = m / -8 (m: first value of largest |x|), stored fp16; ggml block bytes in ggml_hex")
     write("q8_0", "q8_0", group_input(64, 32, 127.0), "int8", 1, 32, ggml="q8_0",
           note="d = amax / 127, stored fp16; codes from the fp32 d")
+    gguf_expected()
+
+
+def gguf_expected():
+    """tests/golden/gguf/*.json hold bytes written by gguf-py (``ggml_hex``, not regenerated
+    here: gguf-py is not a dependency).  Beside them this writes ``expected_hex``: the bytes of
+    tessera's documented rule (the contract above: x / d correctly rounded, half to even) for the
+    same input, from numpy, and ``differing_bytes``: where the two differ.  The test checks that
+    tessera writes ``expected_hex`` and that every differing byte holds an exact .5 tie."""
+    for fmt, kind in (("q4_0", "q4_0"), ("q8_0", "int8")):
+        path = HERE / "gguf" / f"{fmt}.json"
+        doc = json.loads(path.read_text())
+        x = np.array([float(v) for v in doc["input"]], F).reshape(doc["shape"])
+        codes, scale, _ = quant(x, kind, 1, 32)
+        ours, theirs = ggml_bytes(codes, scale, fmt), bytes.fromhex(doc["ggml_hex"])
+        doc.pop("tessera_hex", None)
+        doc["expected_hex"] = ours.hex()
+        doc["differing_bytes"] = [i for i in range(len(ours)) if ours[i] != theirs[i]]
+        doc["note"] = doc["note"].split(" tessera_hex:")[0].split(" expected_hex:")[0] + (
+            " expected_hex: the bytes of tessera's rule (round half to even of the correctly rounded"
+            " x / d), computed in numpy by tests/golden/make_golden.py (independent of tessera);"
+            " differing_bytes: where they differ from ggml_hex (exact .5 ties only: ggml rounds"
+            " half up / away from zero).")
+        path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,17 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def param(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A per-feature parameter (weight, bias, scales) as the kernels index it: ``ptr + col``.
+
+    Kernels take only a row stride for activations; a parameter is read with unit stride from
+    its first element, so a strided (``w[::2]``) or broadcast (stride 0, ``w.expand(n)``) one
+    would be read wrong without any error.  Launchers pass every such tensor through here: a
+    no-op when already contiguous, else an O(N) copy (dtype kept, so numerics do not change).
+    """
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
 def row_block(n: int) -> int:
     """Block size covering a whole row of ``n`` elements (kernels loop when a row is larger)."""
     return min(max(next_pow2(n), 16), 8192)

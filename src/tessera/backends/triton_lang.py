@@ -1,13 +1,19 @@
-"""``@triton.jit`` helpers shared by the Triton kernel modules.
+"""``@triton.jit`` helpers shared by the Triton kernel modules, and the Triton form of the
+integer contract's per-row quantisation (``quant_rows_kernel`` / :func:`quantize_rows`, used by
+every quantised linear that quantises its activations per token).
 
 Imports triton, so only kernel modules import it (``backends/triton.py`` stays
 importable without triton for ``tessera info`` and lean ``import tessera``).
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from .._library import new_output
+from .triton import interpreted, next_pow2
 
 
 @triton.jit
@@ -86,3 +92,53 @@ def epilogue_act(v, ACT: tl.constexpr):
     elif ACT == 4:
         v = v / (1.0 + tl.exp(-v))
     return v
+
+
+@triton.jit
+def quant_rows_kernel(x_ptr, sx, q_ptr, s_ptr, K, QMAX: tl.constexpr, BLOCK_K: tl.constexpr,
+                      HW_RINT: tl.constexpr):
+    """One program per row of x (row stride ``sx``, unit inner stride): the integer contract
+    (``tessera.quant.contract.quantize_rows``) bit for bit.  Pass 1: amax over K with NaN as 0;
+    scale = max(amax, 1e-12) / QMAX as a correctly rounded fp32 division (``div_rn``).  Pass 2:
+    q = div_rn(x, scale) (a true IEEE division, not x * (1 / scale)), NaN -> 0, saturate to
+    +-QMAX, round half to even (``rint``, exact for |q| <= 2^22 >= 32767), stored in q's dtype
+    (q [M, K] contiguous).  The scale goes to s_ptr[row]."""
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_ptr + row * sx + k, mask=k < K, other=0.0).to(tl.float32)
+        a = tl.abs(v)
+        amax = tl.maximum(amax, tl.where(a != a, 0.0, a))
+    lane = tl.arange(0, BLOCK_K)
+    m = tl.max(amax, axis=0) + tl.zeros((BLOCK_K,), dtype=tl.float32)   # the row amax in every lane
+    scale = tl.math.div_rn(tl.maximum(m, 1e-12), tl.full((BLOCK_K,), QMAX, tl.float32))
+    tl.store(s_ptr + row + lane * 0, scale, mask=lane == 0)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_ptr + row * sx + k, mask=k < K, other=0.0).to(tl.float32)
+        q = tl.math.div_rn(v, scale)
+        q = tl.where(q != q, 0.0, q)
+        q = rint(tl.minimum(tl.maximum(q, -QMAX), QMAX), HW_RINT)
+        tl.store(q_ptr + row * K + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
+
+
+_QMAX = {torch.int8: 127.0, torch.int16: 32767.0}
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] row view (any row stride, unit inner stride) -> (q [M, K] ``dtype`` contiguous,
+    fp32 scales [M]) per the integer contract; ``dtype`` int8 (QMAX 127) or int16 (32767)."""
+    if dtype not in _QMAX:
+        raise ValueError(f"quantize_rows: dtype must be torch.int8 or torch.int16, got {dtype}")
+    if x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError(f"quantize_rows: x must be a 2-D row view with unit inner stride, got shape "
+                         f"{tuple(x.shape)} strides {tuple(x.stride())}")
+    M, K = x.shape
+    q = new_output((M, K), dtype, x.device)  # kernel-written workspaces (poisoned under test)
+    s = new_output((M,), torch.float32, x.device)
+    if M:
+        quant_rows_kernel[(M,)](x, x.stride(0), q, s, K, QMAX=_QMAX[dtype],
+                                BLOCK_K=min(next_pow2(K), 4096 if interpreted() else 1024),
+                                HW_RINT=not interpreted())
+    return q, s

@@ -4,11 +4,15 @@ One run, in this order (everything in one process, so all numbers share the
 machine's state):
 
 1. roofline probes (:mod:`.roofline`): non-temporal C copy (the roofline),
-   plain-store copy, ``torch.copy_``, and the fp32/bf16 matmul peak;
+   plain-store copy, ``torch.copy_``, a read pass, the register-only compute peaks per dtype
+   (fp32 FMA, bf16 VDPBF16PS, int8 VPDPBUSD, AMX where present: the ceilings of compute-bound
+   rows, best of several) and the fp32/bf16 ``torch.matmul`` rate for comparison;
 2. per-call overhead on each op's tiniest test input: tessera vs eager vs a
    no-op ``custom_op`` (the dispatcher's floor), in microseconds;
 3. the matrix (:mod:`.runner`): ``bench_cases`` x dtype x fwd/bwd, tessera /
-   eager / compile and the row's own ceiling interleaved, medians;
+   eager / compile / peers and the row's own bandwidth ceiling interleaved (contenders: medians;
+   the ceiling: its best sample and its spread), read-bound rows rotating through copies of
+   their inputs larger than the LLC;
 4. the NT copy again, so drift of the bandwidth during the run is visible;
 5. the report (:mod:`.report`): table on stdout, ``bench.json``, ``bench.png``.
 """
@@ -60,6 +64,11 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
     roof = roofline.memory_bandwidth(probe_mib, probe_reps, device=device)
     log("matmul peak ...")
     mm = roofline.matmul_peak(256 if tiny else 2048, 2 if tiny else (3 if quick else 5), device=device)
+    peaks = None
+    if device.type == "cpu":
+        log("compute peaks (register-only: fp32 FMA, bf16, int8, AMX) ...")
+        peaks = roofline.compute_peaks(repeats=5 if quick or tiny else 7,
+                                       iters=1_000_000 if tiny else 2_000_000)
     overhead = []
     for spec in specs:
         o = runner.overhead(spec, backends, device, calls=20 if tiny else 200, repeats=5 if tiny else 15)
@@ -72,9 +81,12 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
                  "quick": quick, "tiny": tiny, "shape_scale": shape_scale, "repeats": repeats,
                  "threads": torch.get_num_threads(), "backends": list(backends),
                  "dtypes": [runner.dtype_name(d) for d in dtypes],
-                 "timing": "median of interleaved samples after warm-up; compile/JIT excluded",
+                 "timing": "contenders: median of interleaved samples after warm-up; compile/JIT excluded; "
+                           "bandwidth ceilings: best interleaved sample, spread (p90-p10)/median; compute "
+                           "ceilings: the register-only peak probe of the row's compute_dtype, likewise; read rows "
+                           "rotate through copies of their inputs > 2x LLC",
                  "compile": "torch.compile(spec.eager, fullgraph=True, dynamic=False)"},
-        "roofline": roof, "matmul": mm, "overhead": overhead, "notes": notes, "rows": [],
+        "roofline": roof, "matmul": mm, "peaks": peaks, "overhead": overhead, "notes": notes, "rows": [],
     }
     log(rep.header(report))
     for note in notes:
@@ -85,7 +97,7 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
         if key not in inputs:
             inputs.clear()
             inputs[key] = runner.make_inputs(p.spec, p.case, p.dtype, device, shape_scale)
-        row = rep.finish_row(runner.measure(p, repeats, device, inputs[key]), roof["gbps"])
+        row = rep.finish_row(runner.measure(p, repeats, device, inputs[key], peaks=peaks), roof["gbps"])
         report["rows"].append(row)
         log(rep.progress_line(i, len(todo), row))
         for k, e in row["errors"].items():
@@ -100,8 +112,12 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
     rep.plot(report, str(out / "bench.png"))
     log("")
     log(rep.table(report["rows"]))
+    for line in rep.findings(report["rows"]):
+        log(line)
     log(f"\nstart-of-run {roof['roofline']} {roof['gbps']:.2f} GB/s (after the run: {after['gbps']:.2f}); "
-        f"roof = the row's ceiling timed interleaved with it (NT copy of the row's bytes, or fp32 matmul); "
+        f"roof = the row's ceiling (memory rows: best interleaved sample of an NT copy of its bytes, "
+        f"read rows: of a read pass over them, rotated past the LLC; compute rows: the register-only peak "
+        f"of the row's arithmetic dtype, likewise), +-spread = (p90-p10)/median of the ceiling samples; "
         f"%roof = rate / roof; x eager / x compile = their time / tessera's (> 1: tessera faster)")
     log(f"wrote {out / 'bench.json'} and {out / 'bench.png'} in {report['elapsed_s']} s")
     return report

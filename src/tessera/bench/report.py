@@ -5,8 +5,15 @@ Derived per row (all from medians measured in the same run):
 * ``gbps``          -- ``bytes / median time`` (bytes from the op's roofline model:
   the bytes that must cross DRAM, read + written; 1 GB = 1e9 bytes);
 * ``gflops``        -- compute-bound ops (``OpSpec.bound == "compute"``): FLOPs / median time;
-* ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: an NT copy of the
-  same bytes, or an fp32 matmul, timed interleaved with the contenders);
+* ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: the best interleaved
+  sample of an NT copy of the same bytes (memory rows) or of a read pass over them, rotated past
+  the LLC (read rows); for compute rows the register-only peak of the row's arithmetic dtype,
+  ``OpSpec.compute_dtype``, timed likewise), with the ceiling's spread (p90 - p10) / median;
+* ``flags``         -- ``over ceiling``: a tessera rate above 100% of its ceiling by more than
+  the noise the row reports (its own IQR spread + the ceiling's spread: a broken ceiling or
+  byte/FLOP model, never a result); ``cache-resident``: the row's bytes stay in the LLC between
+  calls (a warm-cache number); ``<peer> wins``: a peer or baseline (e.g. dequant+matmul: the
+  weight dequantized once, then F.linear) is faster than tessera in this row;
 * ``pct_layout``    -- rows of ops with ``OpSpec.layout_read`` (paged decode): the rate / that
   of a plain read of the same bytes in the op's own layout (its scattered pages), timed in
   the row's loop: what the memory system gives for the layout, where ``pct_roofline`` is
@@ -78,7 +85,30 @@ def finish_row(row: dict, roof_gbps: float) -> dict:
     for k, v in ms.items():
         if k.startswith("tessera-") and v:
             row["speedup"][k] = {b: (ms[b] / v if ms.get(b) else None) for b in ms if not b.startswith("tessera-")}
+    flags = row["flags"] = []
+    if row.get("cache_resident"):
+        flags.append("cache-resident")
+    noise = ((row.get("roof") or {}).get("spread") or 0.0)
+    for k, pct in row["pct_roofline"].items():
+        own = (row.get("spread") or {}).get(k) or 0.0
+        if k.startswith("tessera-") and pct and pct > 100.0 * (1.0 + noise + own):
+            flags.append(f"over ceiling: {k} {pct:.0f}% (noise {100 * (noise + own):.0f}%)")
+    for k, sp in row["speedup"].items():
+        flags += [f"{b} wins ({x:.2f}x)" for b, x in sp.items() if b not in ("eager", "compile") and x and x < 1.0]
     return row
+
+
+def findings(rows: list[dict]) -> list[str]:
+    """The lines after the table: rows over their ceiling, rows a peer/baseline wins, cache rows."""
+    out = []
+    for r in rows:
+        for f in r.get("flags", []):
+            if f != "cache-resident":
+                out.append(f"{r['op']} {r['case']} {r['dtype']} {r['dir']}: {f}")
+    cached = [f"{r['op']} {r['case']} {r['dtype']} {r['dir']}" for r in rows if r.get("cache_resident")]
+    if cached:
+        out.append(f"cache-resident rows (bytes fit the LLC, warm between calls): {', '.join(cached)}")
+    return out
 
 
 def _f(v, fmt: str, none: str = "-") -> str:
@@ -95,8 +125,9 @@ def _roof(row: dict) -> str:
     r = row.get("roof")
     if not r:
         return "-"
-    unit = {"compute": "GFLOP/s", "read": "GB/s rd"}.get(row.get("bound"), "GB/s")
-    return f"{r['rate']:.1f} {unit}"
+    unit = {"compute": f"GFLOP/s {r.get('dtype', '')}".rstrip(), "read": "GB/s rd"}.get(row.get("bound"), "GB/s")
+    sp = f" +-{100 * r['spread']:.0f}%" if r.get("spread") is not None else ""
+    return f"{r['rate']:.1f} {unit}{sp}" + (" (cache)" if row.get("cache_resident") else "")
 
 
 def progress_line(i: int, n: int, row: dict) -> str:
@@ -137,6 +168,15 @@ def header(report: dict) -> str:
     roof, mm, m = report["roofline"], report["matmul"], report["machine"]
     lines = [f"machine: {m.get('cpu', '?')} | isa {m.get('isa', '?')} | {m.get('threads')} threads | "
              f"malloc tuning: {'on' if report['mode']['malloc_tuning'] else 'off'}"]
+    pk = report.get("peaks")
+    if pk:
+        def one(k):
+            v = pk.get(k)
+            return (f"{k} {v['gflops']} +-{100 * (v['spread'] or 0):.0f}%" if isinstance(v, dict) else f"{k} {v}")
+        lines.append("compute peaks (register-only loops, every thread, best of "
+                     f"{pk['repeats']}; GFLOP/s, int8 GOP/s): " + ", ".join(one(k) for k in
+                     ("fp32_fma", "bf16_dpbf16", "int8_vnni", "bf16_amx", "int8_amx")) +
+                     "; compute rows use: " + ", ".join(f"{d} -> {v['probe']}" for d, v in pk["by_dtype"].items()))
     if roof.get("roofline") == "nt_copy":
         lines.append(f"roofline = NT-store C copy over {roof['buffer_mib']} MiB, {roof['threads']} threads, bytes read+written: "
                      f"{roof['nt_copy_gbps']:.2f} GB/s (plain-store copy {roof['plain_copy_gbps']:.2f}, "
@@ -146,8 +186,7 @@ def header(report: dict) -> str:
         lines.append(f"roofline = torch copy_ on {report['device']}: {roof['gbps']:.2f} GB/s")
     mm_s = ", ".join(f"{k.replace('_gflops', '')} {v} GFLOP/s" for k, v in mm.items()
                      if k.endswith("_gflops") and k != "fma_peak_gflops")
-    lines.append(f"matmul {mm['n']}^3: {mm_s}" + (f"; fp32 FMA peak (register-only loop): {mm['fma_peak_gflops']} GFLOP/s"
-                                                   if mm.get("fma_peak_gflops") else ""))
+    lines.append(f"torch.matmul {mm['n']}^3 (for comparison): {mm_s}")
     for o in report["overhead"]:
         us = ", ".join(f"{k} {v if isinstance(v, str) else format(v, '.1f') + ' us'}" for k, v in o["us"].items())
         lines.append(f"per-call overhead {o['op']} {o['shapes']} {o['dtype']}: {us}")
@@ -197,7 +236,7 @@ def plot(report: dict, path: str) -> None:
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
     roof = report["roofline"]
-    fig.suptitle(f"tessera bench: % of each row's ceiling (NT copy of its bytes, or fp32 matmul), "
+    fig.suptitle(f"tessera bench: % of each row's ceiling (NT copy / read pass of its bytes, or its dtype's peak), "
                  f"{roof['threads']} threads; labels: speedup vs eager / vs compile", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=110)

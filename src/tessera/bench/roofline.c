@@ -140,3 +140,131 @@ int tsr_bench_fma_peak(int64_t iters, int threads) {
     tsr_bench_sink = (uint64_t)x;
     return 16;
 }
+
+/* ------------------------------------------------------------------ bf16 / int8 / AMX peaks
+ * The ceilings of compute-bound rows whose arithmetic is not fp32 FMAs, measured the same way:
+ * register-only loops of the one instruction such a kernel's inner loop is built on, 12
+ * independent accumulators (latency 5-6 cycles x up to 2 ports), on every thread.
+ *   tsr_bench_bf16_peak: VDPBF16PS zmm (AVX512_BF16): 16 lanes x 2 bf16 products + 2 adds
+ *                        = 64 FLOPs per instruction;
+ *   tsr_bench_int8_peak: VPDPBUSD zmm (AVX512_VNNI, 128 ops: 16 lanes x 4 u8*s8 products + 4
+ *                        adds) or, where only AVX-VNNI exists, {vex} VPDPBUSD ymm (64 ops);
+ *   tsr_bench_amx_peak:  TDPBF16PS / TDPBUSD on 4 accumulator tiles (16 x 16 fp32/int32 from
+ *                        16 x 32 bf16 / 16 x 64 int8 tiles: 16384 / 32768 ops per instruction),
+ *                        after asking the kernel for the tile state (ARCH_REQ_XCOMP_PERM).
+ * Inline asm, like the kernels' own VDPBF16PS (tessera_cpu.h): the library is built for the
+ * ISA level, not for these extensions, and each probe runs only where the CPU reports the
+ * feature (the Python side checks /proc/cpuinfo as well, and says "not present").  Each returns
+ * the ops per loop step per thread (ops = return * iters * threads), or TSR_ENOTSUP.
+ * The accumulators grow by at most 4 per step: no overflow for iters < 2^28. */
+enum { TSR_ENOTSUP = -3 };
+
+#define TSR_Z12(op, a, b)                                                                          \
+    op " " a ", " b ", %%zmm0\n\t" op " " a ", " b ", %%zmm1\n\t" op " " a ", " b ", %%zmm2\n\t"        \
+    op " " a ", " b ", %%zmm3\n\t" op " " a ", " b ", %%zmm4\n\t" op " " a ", " b ", %%zmm5\n\t"        \
+    op " " a ", " b ", %%zmm6\n\t" op " " a ", " b ", %%zmm7\n\t" op " " a ", " b ", %%zmm8\n\t"        \
+    op " " a ", " b ", %%zmm9\n\t" op " " a ", " b ", %%zmm10\n\t" op " " a ", " b ", %%zmm11\n\t"
+#define TSR_Y12(op, a, b)                                                                          \
+    op " " a ", " b ", %%ymm0\n\t" op " " a ", " b ", %%ymm1\n\t" op " " a ", " b ", %%ymm2\n\t"        \
+    op " " a ", " b ", %%ymm3\n\t" op " " a ", " b ", %%ymm4\n\t" op " " a ", " b ", %%ymm5\n\t"        \
+    op " " a ", " b ", %%ymm6\n\t" op " " a ", " b ", %%ymm7\n\t" op " " a ", " b ", %%ymm8\n\t"        \
+    op " " a ", " b ", %%ymm9\n\t" op " " a ", " b ", %%ymm10\n\t" op " " a ", " b ", %%ymm11\n\t"
+#define TSR_CLOB12(r) r "0", r "1", r "2", r "3", r "4", r "5", r "6", r "7", r "8", r "9", r "10", r "11"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* one thread's loop: zmm12/13 hold the operands (bf16 1.0 pairs / bytes of 1), zmm0-11 the sums */
+static void tsr_bench_zmm_loop(int64_t iters, int bf16) {
+    int64_t n = iters;
+    uint32_t one = bf16 ? 0x3f803f80u : 0x01010101u;
+    if (n <= 0) return;
+    if (bf16)
+        __asm__ volatile("vpbroadcastd %k1, %%zmm12\n\tvpbroadcastd %k1, %%zmm13\n\t"
+                         "vpxord %%zmm0, %%zmm0, %%zmm0\n\tvmovaps %%zmm0, %%zmm1\n\t"
+                         "1:\n\t" TSR_Z12("vdpbf16ps", "%%zmm13", "%%zmm12") "dec %0\n\tjnz 1b\n\t"
+                         : "+r"(n) : "r"(one) : TSR_CLOB12("xmm"), "xmm12", "xmm13", "cc");
+    else
+        __asm__ volatile("vpbroadcastd %k1, %%zmm12\n\tvpbroadcastd %k1, %%zmm13\n\t"
+                         "1:\n\t" TSR_Z12("vpdpbusd", "%%zmm13", "%%zmm12") "dec %0\n\tjnz 1b\n\t"
+                         : "+r"(n) : "r"(one) : TSR_CLOB12("xmm"), "xmm12", "xmm13", "cc");
+}
+
+static void tsr_bench_ymm_vnni_loop(int64_t iters) {
+    int64_t n = iters;
+    if (n <= 0) return;
+    __asm__ volatile("vmovd %k1, %%xmm12\n\tvpbroadcastd %%xmm12, %%ymm12\n\tvmovdqa %%ymm12, %%ymm13\n\t"
+                     "1:\n\t" TSR_Y12("%{vex%} vpdpbusd", "%%ymm13", "%%ymm12") "dec %0\n\tjnz 1b\n\t"
+                     : "+r"(n) : "r"(0x01010101u) : TSR_CLOB12("xmm"), "xmm12", "xmm13", "cc");
+}
+#endif
+
+/* VDPBF16PS peak; 64 FLOPs x 12 per step per thread */
+int tsr_bench_bf16_peak(int64_t iters, int threads) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (!__builtin_cpu_supports("avx512bf16")) return TSR_ENOTSUP;
+#pragma omp parallel num_threads(tsr_threads(threads))
+    tsr_bench_zmm_loop(iters, 1);
+    return 64 * 12;
+#else
+    (void)iters; (void)threads;
+    return TSR_ENOTSUP;
+#endif
+}
+
+/* VPDPBUSD peak (zmm with AVX512_VNNI, else ymm with AVX-VNNI); int8 ops x 12 per step */
+int tsr_bench_int8_peak(int64_t iters, int threads) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int zmm = __builtin_cpu_supports("avx512vnni") != 0;
+    if (!zmm && !__builtin_cpu_supports("avxvnni")) return TSR_ENOTSUP;
+#pragma omp parallel num_threads(tsr_threads(threads))
+    {
+        if (zmm) tsr_bench_zmm_loop(iters, 0);
+        else tsr_bench_ymm_vnni_loop(iters);
+    }
+    return (zmm ? 128 : 64) * 12;
+#else
+    (void)iters; (void)threads;
+    return TSR_ENOTSUP;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#include <sys/syscall.h>
+long syscall(long number, ...); /* unistd.h hides it under -std=c11 */
+/* one thread: tiles 0-3 accumulate tile4 x tile5 (operands loaded once: bytes of 1, i.e. int8 1
+ * or the normal bf16 0x0101, never zeros a unit could skip) */
+static void tsr_bench_amx_loop(int64_t iters, int int8) {
+    uint8_t ones[1024] __attribute__((aligned(64)));
+    uint8_t cfg[64] __attribute__((aligned(64))) = {0};
+    memset(ones, 1, sizeof ones);
+    cfg[0] = 1; /* palette 1: 8 tiles of up to 16 rows x 64 bytes */
+    for (int t = 0; t < 6; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
+    int64_t n = iters, stride = 64;
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
+                     "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3"
+                     : : "r"(ones), "r"(stride), "m"(ones) : "memory");
+    if (n > 0 && int8)
+        __asm__ volatile("1:\n\ttdpbusd %%tmm5, %%tmm4, %%tmm0\n\ttdpbusd %%tmm5, %%tmm4, %%tmm1\n\t"
+                         "tdpbusd %%tmm5, %%tmm4, %%tmm2\n\ttdpbusd %%tmm5, %%tmm4, %%tmm3\n\tdec %0\n\tjnz 1b"
+                         : "+r"(n) : : "cc");
+    else if (n > 0)
+        __asm__ volatile("1:\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm1\n\t"
+                         "tdpbf16ps %%tmm5, %%tmm4, %%tmm2\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3\n\tdec %0\n\tjnz 1b"
+                         : "+r"(n) : : "cc");
+    __asm__ volatile("tilerelease");
+}
+#endif
+
+/* AMX peak (int8: TDPBUSD, else TDPBF16PS), 4 tile products per step; TSR_ENOTSUP without AMX
+ * or when the kernel refuses the tile state. */
+int tsr_bench_amx_peak(int64_t iters, int threads, int int8) {
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return TSR_ENOTSUP;
+#pragma omp parallel num_threads(tsr_threads(threads))
+    tsr_bench_amx_loop(iters, int8);
+    return 4 * (int8 ? 32768 : 16384);
+#else
+    (void)iters; (void)threads; (void)int8;
+    return TSR_ENOTSUP;
+#endif
+}

@@ -10,12 +10,19 @@ interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
 * ``eager``    -- ``spec.eager`` (what a user writes in plain PyTorch, input dtype);
 * ``compile``  -- ``torch.compile(spec.eager, fullgraph=True, dynamic=False)``;
 * peers        -- forward rows only: other libraries' kernels from ``spec.peers`` (torch's
-  int8/int4 CPU GEMMs, ONNX Runtime), each prepared once outside the timed loop;
+  int8/int4 CPU GEMMs, ONNX Runtime, the dequantize-once-then-F.linear baseline), each
+  prepared once outside the timed loop (checked against the reference in
+  tests/test_bench_peers.py);
 * the ceiling  -- memory-bound ops (``spec.bound == "memory"``): a non-temporal C copy
   moving the row's byte count (read + written); read-bound ops (``"read"``: a KV cache,
-  a GEMV's weight): a read-only pass over the row's bytes; compute-bound ops: an fp32
-  ``torch.matmul`` (see :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM
-  drifts by tens of percent within minutes, so each row carries its own;
+  a GEMV's weight): a read-only pass over the row's bytes (see
+  :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM drifts by tens of percent
+  within minutes, so each row carries its own, timed in its loop: its BEST sample is the
+  ceiling, (p90 - p10) / median its spread.  Compute-bound ops: the register-only peak probe
+  of ``spec.compute_dtype`` (fp32 FMA / bf16 VDPBF16PS / int8 VPDPBUSD / AMX), likewise;
+* DRAM, not cache -- read-bound forward rows whose bytes fit the LLC cycle every contender,
+  peer and the ceiling through ``roofline.rotation(bytes)`` copies of the inputs (together
+  > 2x LLC), so a 16 MiB weight is not read warm; rows left cache-resident say so;
 * the layout read -- forward rows of ops with ``spec.layout_read`` (paged decode): a plain
   read of the row's bytes in the op's own memory layout (scattered pages), no compute.
 
@@ -44,7 +51,7 @@ from typing import Callable
 import torch
 
 from .._registry import OpSpec, supports
-from ..testing.cases import seed_for
+from .._cases import seed_for
 from . import roofline, timing
 
 DIRECTIONS = ("fwd", "bwd")
@@ -168,39 +175,75 @@ def _bwd_callables(p: Plan, fns: dict[str, Callable], kw: dict, errors: dict) ->
     return out
 
 
-def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int = 2) -> dict:
+def _copies(kw: dict, n: int) -> list[dict]:
+    """``kw`` and n - 1 clones of its tensors (the rotation of a read-bound row)."""
+    return [kw] + [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+                   for _ in range(n - 1)]
+
+
+def _rotating(fs: list[Callable]) -> Callable:
+    """One callable that calls the next of ``fs`` each time (each on its own copy of the inputs)."""
+    if len(fs) == 1:
+        return fs[0]
+    turn = [0]
+
+    def run():
+        turn[0] = (turn[0] + 1) % len(fs)
+        return fs[turn[0]]()
+    return run
+
+
+def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int = 2,
+            peaks: dict | None = None) -> dict:
     """One benchmark row: medians for every contender plus bytes; ratios are added by the report.
 
     ``kw`` (from :func:`make_inputs`) is shared by the fwd and bwd rows of a case:
-    nothing here writes to it (backward rows make detached leaves).
+    nothing here writes to it (backward rows make detached leaves).  ``peaks``: the header's
+    :func:`roofline.compute_peaks` (measured here if a compute-bound row comes without them).
     """
     torch._dynamo.reset()
     compiled = torch.compile(p.spec.eager, fullgraph=True, dynamic=False)
     fns = _contenders(p, compiled)
     errors: dict[str, str] = {}
-    calls = _fwd_callables(fns, kw) if p.direction == "fwd" else _bwd_callables(p, fns, kw, errors)
-    if p.direction == "fwd":
-        for name, factory in p.spec.peers.items():
-            try:
-                peer = factory(kw)
-            except Exception as e:  # a peer that fails to set up is reported, not fatal
-                peer = timing._err(e)
-            if isinstance(peer, str):
-                errors[name] = peer
-                continue
-            fns[name] = peer
-            calls[name] = _fwd_callables({name: lambda f=peer: f()}, {})[name]
     nbytes = (p.spec.bytes_fwd if p.direction == "fwd" else p.spec.bytes_bwd)(kw)
     flops_fn = p.spec.flops_fwd if p.direction == "fwd" else p.spec.flops_bwd
     bound = p.spec.bound(kw) if callable(p.spec.bound) else p.spec.bound
     flops = flops_fn(kw) if (bound == "compute" and flops_fn is not None) else None
-    # the row's own ceiling, timed in the same interleaved loop as the contenders, so drift of
-    # the machine (other tenants, frequency) moves the ceiling and the op together
     kind = "compute" if flops else ("read" if bound == "read" else "memory")
-    ceiling = roofline.ceiling_callable(kind, nbytes, device)
+    # a read-bound row (a GEMV's weight, a KV cache) must read DRAM: every contender cycles
+    # through enough copies of the inputs to exceed the LLC twice (roofline.rotation)
+    rot = roofline.rotation(nbytes) if (kind == "read" and device.type == "cpu" and p.direction == "fwd") else 1
+    kws = _copies(kw, rot)
+    if p.direction == "fwd":
+        per_copy = [_fwd_callables(fns, k) for k in kws]
+        calls = {name: _rotating([c[name] for c in per_copy]) for name in fns}
+        for name, factory in p.spec.peers.items():
+            try:
+                peer = [factory(k) for k in kws]
+            except Exception as e:  # a peer that fails to set up is reported, not fatal
+                peer = [timing._err(e)]
+            if isinstance(peer[0], str):
+                errors[name] = peer[0]
+                continue
+            fns[name] = peer[0]
+            calls[name] = _rotating([_fwd_callables({name: lambda f=f: f()}, {})[name] for f in peer])
+    else:
+        calls = _bwd_callables(p, fns, kw, errors)
+    # the row's own ceiling, timed in the same interleaved loop as the contenders (drift of the
+    # machine moves the ceiling and the op together), its best sample: memory/read rows a copy /
+    # read pass of their bytes, compute rows the register-only peak of their arithmetic's dtype
+    cdt = None
+    if kind == "compute" and device.type == "cpu":
+        cdt = p.spec.compute_dtype(kw) if callable(p.spec.compute_dtype) else p.spec.compute_dtype
+        ceiling = roofline.peak_callable(peaks or roofline.compute_peaks(repeats=3), cdt)
+    else:
+        ceiling = roofline.ceiling_callable(kind, nbytes, device, rotate=rot)
     if ceiling is not None:
         calls[ROOF] = ceiling[0]
-    layout = p.spec.layout_read(kw) if (p.spec.layout_read is not None and p.direction == "fwd") else None
+    layout = None
+    if p.spec.layout_read is not None and p.direction == "fwd":
+        lays = [p.spec.layout_read(k) for k in kws]
+        layout = None if lays[0] is None else _rotating(lays)
     if layout is not None:
         calls[LAYOUT] = layout
     res = timing.time_interleaved(calls, repeats, warmup=warmup, device=device, budget_s=ROW_BUDGET_S,
@@ -212,15 +255,19 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
            "bytes": int(nbytes), "repeats": max((len(t.samples) for t in res.values()), default=0),
            "ms": {}, "spread": {}, "inner": {},
            "errors": errors, "bound": kind, "flops": flops,
-           "roof": None, "layout_roof": None}
-    if ceiling is not None and roof_t is not None and roof_t.median:
-        # GB/s of the copy (read + written) or of the read pass, or GFLOP/s of the fp32 matmul:
-        # this row's denominator
-        row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / roof_t.median / 1e9,
-                       "spread": None if roof_t.spread is None else round(roof_t.spread, 3)}
-    if layout_t is not None and layout_t.median:  # the op's bytes read plainly in its own layout
-        row["layout_roof"] = {"rate": nbytes / layout_t.median / 1e9,
-                              "spread": None if layout_t.spread is None else round(layout_t.spread, 3)}
+           "roof": None, "layout_roof": None, "rotated": rot,
+           # bytes a call touches that stay in the LLC between calls: a warm-cache number
+           "cache_resident": kind != "compute" and nbytes * rot <= roofline.llc_bytes()}
+    if ceiling is not None and roof_t is not None and roof_t.best:
+        # GB/s of the copy (read + written) or of the read pass: this row's denominator, the best
+        # of its interleaved samples; spread = (p90 - p10) / median of those samples
+        row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / roof_t.best / 1e9,
+                       "spread": None if roof_t.spread90 is None else round(roof_t.spread90, 3)}
+        if cdt is not None:
+            row["roof"]["dtype"] = cdt
+    if layout_t is not None and layout_t.best:  # the op's bytes read plainly in its own layout
+        row["layout_roof"] = {"rate": nbytes / layout_t.best / 1e9,
+                              "spread": None if layout_t.spread90 is None else round(layout_t.spread90, 3)}
     for name in fns:
         t = res.get(name)
         if t is None:

@@ -53,6 +53,19 @@ class Timing:
         q = statistics.quantiles(self.samples, n=4)
         return (q[2] - q[0]) / statistics.median(self.samples)
 
+    @property
+    def best(self) -> float | None:
+        """The fastest sample: a ceiling's estimate (its noise only ever slows it down)."""
+        return min(self.samples) if self.samples else None
+
+    @property
+    def spread90(self) -> float | None:
+        """(p90 - p10) / median, the spread reported beside a ceiling (None under 3 samples)."""
+        if len(self.samples) < 3:
+            return None
+        q = statistics.quantiles(self.samples, n=10, method="inclusive")
+        return (q[8] - q[0]) / statistics.median(self.samples)
+
 
 def _err(e: BaseException) -> str:
     msg = str(e).strip().splitlines()

@@ -32,7 +32,7 @@ from typing import Iterable, Optional
 import torch
 
 from . import contract
-from .contract import pack_int4, unpack_int4
+from .contract import pack_int4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,19 +114,16 @@ def quantize_weight(weight: torch.Tensor, recipe) -> dict[str, torch.Tensor]:
 
 
 def dequantize_weight(buffers: dict, recipe) -> torch.Tensor:
-    """The recipe's buffers -> the fp32 [N, K] weight they represent."""
+    """The recipe's buffers -> the fp32 [N, K] weight they represent: the ops' own dequantisers
+    (one definition per weight layout: per-row / per-128x128-block scales, int4 groups)."""
+    from ..ops._qlinear_int4 import dequantize_weight as int4_weight
+    from ..ops.linear_fp8.ref import dequantize_weight as scaled_weight
+
     r = get_recipe(recipe)
     q, s = buffers["weight"], buffers["weight_scale"]
-    if r.kind == "int8" or r.kind == "fp8-row":
-        return contract.dequantize_values(q, s[:, None])
-    if r.kind == "fp8-block":
-        N, K = q.shape
-        return contract.dequantize_values(q, s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K])
-    codes = unpack_int4(q)
-    z = buffers.get("weight_zero")
-    z = torch.full_like(s, 8, dtype=torch.uint8) if z is None else z
-    g = r.group
-    return contract.dequantize_values(codes, s.repeat_interleave(g, 1), z.repeat_interleave(g, 1))
+    if r.kind == "int4":
+        return int4_weight(q, s, buffers.get("weight_zero"), r.group, torch.float32)
+    return scaled_weight(q, s, torch.float32)  # int8 / fp8 rows, fp8 blocks: q * s in fp32
 
 
 # ---------------------------------------------------------------- quantize_model
@@ -197,7 +194,9 @@ def quantize_model(model: torch.nn.Module, recipe: str, *, skip=(), backend: Opt
       directly instead of calling the layer).
 
     Skipped layers stay float and are listed in the returned :class:`QuantReport` with the
-    reason.  ``backend`` is stored on the new layers and passed to every op call."""
+    reason; the report is also kept as ``model.tessera_quant_report`` (``tessera.quantize``
+    returns the model, not the report).  ``backend`` is stored on the new layers and passed to
+    every op call."""
     from ..nn.quant_linear import QuantLinear
 
     r = get_recipe(recipe, "tessera.quantize_model")
@@ -228,4 +227,5 @@ def quantize_model(model: torch.nn.Module, recipe: str, *, skip=(), backend: Opt
         report.layer_bytes_before += _storage_bytes([p for p in (mod.weight, mod.bias) if p is not None])
         report.layer_bytes_after += _storage_bytes(list(q.buffers()))
     report.bytes_after = model_bytes(model)
+    model.tessera_quant_report = report  # a plain attribute: not in state_dict()
     return report

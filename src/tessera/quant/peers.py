@@ -17,6 +17,14 @@ why the peer cannot run this row (the bench records it as the peer's error).
   Optional: needs ``pip install onnxruntime onnx`` (the ``bench`` extra installs them).
   ORT's B layout [N, K/block, block/2] with low nibble = even k is tessera's packed
   [N, K/2] reshaped; its default zero point (8) is tessera's symmetric int4.
+* ``dequant_matmul`` (``dequant_matmul_int8`` / ``_int4`` / ``_fp8``) -- the baseline a user
+  actually runs: the weight dequantized ONCE (here, outside the timed loop) to x's dtype, then
+  ``F.linear`` (oneDNN) and the activation.  The eager column dequantizes on every call.
+
+None of the peers fuses tessera's epilogue, so each adds ``bias`` and the activation after its
+GEMM in x's dtype (a few us at decode): every peer computes the whole op, and
+``tests/test_bench_peers.py`` checks each against the float64 reference of what it computes
+(weight-only peers against x @ dequant(w).T, whatever the op quantizes in its activations).
 """
 from __future__ import annotations
 
@@ -34,6 +42,15 @@ def _shape_back(kw, y):
     return y.reshape(*kw["x"].shape[:-1], y.shape[-1])
 
 
+def _epilogue(kw, y):
+    """bias + activation after a peer's GEMM (in y's dtype), then x's leading dims back."""
+    from ..ops._qlinear_int8.ref import activate
+    b = kw.get("bias")
+    if b is not None:
+        y = y + b.to(y.dtype)
+    return _shape_back(kw, activate(y, kw.get("activation")))
+
+
 def torch_int8pack(kw):
     x, w, s = _x2d(kw), kw["weight"], kw["weight_scale"]
     if w.dtype != torch.int8:
@@ -42,7 +59,7 @@ def torch_int8pack(kw):
         return f"torch int8pack has no {x.dtype} activations"
     s = s.float().expand(w.shape[0]).to(x.dtype).contiguous()  # its scales must be x's dtype
     x, w = x.contiguous(), w.contiguous()
-    return lambda: _shape_back(kw, torch.ops.aten._weight_int8pack_mm(x, w, s))
+    return lambda: _epilogue(kw, torch.ops.aten._weight_int8pack_mm(x, w, s))
 
 
 def torch_int4pack(kw):
@@ -57,7 +74,7 @@ def torch_int4pack(kw):
     zf = torch.zeros_like(s) if z is None else (8.0 - z.float()) * s
     sz = torch.stack([s.float(), zf], -1).transpose(0, 1).contiguous().to(x.dtype)  # [K/g, N, 2]
     x = x.contiguous()
-    return lambda: _shape_back(kw, torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, g, sz))
+    return lambda: _epilogue(kw, torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, g, sz))
 
 
 def _ort_session(kw, accuracy_level: int):
@@ -95,7 +112,7 @@ def _ort_session(kw, accuracy_level: int):
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     a = np.ascontiguousarray(x.numpy())
-    return lambda: _shape_back(kw, torch.from_numpy(sess.run(None, {"A": a})[0]))
+    return lambda: _epilogue(kw, torch.from_numpy(sess.run(None, {"A": a})[0]))
 
 
 def ort_matmulnbits(kw):
@@ -106,3 +123,35 @@ def ort_matmulnbits(kw):
 def ort_matmulnbits_a8(kw):
     """ORT MatMulNBits quantizing activations to int8 itself (accuracy_level 4): the W4A8 peer."""
     return _ort_session(kw, 4)
+
+
+def _dequant_matmul(kw, w_fp32):
+    """F.linear(x, w, bias) + activation with ``w_fp32`` [N, K] cast to x's dtype once, here."""
+    x = kw["x"]
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dequant+matmul needs float activations, got {x.dtype}"
+    w = w_fp32.to(x.dtype).contiguous()
+    b = kw.get("bias")
+    b = None if b is None else b.to(x.dtype)
+    from ..ops._qlinear_int8.ref import activate
+    act = kw.get("activation")
+    return lambda: activate(torch.nn.functional.linear(x, w, b), act)
+
+
+def dequant_matmul_int8(kw):
+    """int8 weight [N, K] x per-channel (or per-tensor) scale -> fp32, once."""
+    w, s = kw["weight"], kw["weight_scale"].float().reshape(-1)
+    return _dequant_matmul(kw, w.float() * s.expand(w.shape[0])[:, None])
+
+
+def dequant_matmul_int4(kw):
+    """packed int4 (q - zero) * scale per group -> fp32, once (the ops' own dequantize_weight)."""
+    from ..ops._qlinear_int4 import dequantize_weight
+    return _dequant_matmul(kw, dequantize_weight(kw["weight"], kw["weight_scale"], kw.get("weight_zero"),
+                                                 kw["group_size"], torch.float32))
+
+
+def dequant_matmul_fp8(kw):
+    """fp8 weight x per-tensor / row / 128x128-block scale -> fp32, once."""
+    from ..ops.linear_fp8.ref import dequantize_weight
+    return _dequant_matmul(kw, dequantize_weight(kw["weight"], kw["weight_scale"], torch.float32))

@@ -1,19 +1,26 @@
-"""Inputs flush against an inaccessible page: a native kernel that reads one byte past the end
-(or before the start) of a tensor it was given faults, instead of silently reading a neighbour.
+"""Inputs and outputs flush against an inaccessible page: a native kernel that reads one byte past
+the end (or before the start) of a tensor it was given, or writes one byte past either end of a
+buffer it fills, faults, instead of silently reading or overwriting a neighbour.
 
-Why: the correctness matrix cannot see such reads.  An over-read lands in whatever the allocator
-put next to the tensor, and a masked-off or padded lane often multiplies it by zero, so outputs
-stay right while the kernel still touches memory it does not own (and crashes the day that memory
-is unmapped).  Here every tensor input of a cpu-backend cell is copied into its own anonymous
-mapping whose neighbouring page is ``PROT_NONE``, keeping its shape and strides (a view of a wider
-buffer stays a view, a broadcast row stays stride 0); the cell then runs forward and backward and
-must still pass.
+Why: the correctness matrix cannot see such reads (nor writes, below). An over-read lands in
+whatever the allocator put next to the tensor, and a masked-off or padded lane often multiplies it
+by zero, so outputs stay right while the kernel still touches memory it does not own (and crashes
+the day that memory is unmapped). Here every tensor input of a cpu-backend cell is copied into its
+own anonymous mapping whose neighbouring page is ``PROT_NONE``, keeping its shape and strides (a
+view of a wider buffer stays a view, a broadcast row stays stride 0); the cell then runs forward and
+backward and must still pass. Every buffer the kernels write (outputs, gradients, workspaces: all
+allocated with ``_library.new_output``) and the glue's copies (``rows()`` of a transposed input,
+fp32 parameter copies, ``_library.contiguous``) are placed the same way through
+``_library.placement``, so an unmasked store past the end of an output faults too (a write past the
+end of a heap buffer usually lands in allocator slack and goes unseen until it corrupts a
+neighbour).
 
-``python -m tessera.testing.fence OP`` runs every cpu cell of OP twice, with the inputs ending at
-the fence and then starting right after it, printing each cell's name before it runs: a fault kills
-the process with SIGSEGV, and ``tests/test_fenced_reads.py`` reports the last name printed.
-Upstream gradients of the backward pass are fenced the same way.  Loads the kernels mask off do
-not fault (AVX-512 masked loads suppress faults on masked lanes), and prefetches never fault.
+``python -m tessera.testing.fence OP`` runs every cpu cell of OP twice, with the inputs, outputs and
+gradients ending at the fence and then starting right after it, printing each cell's name before it
+runs: a fault kills the process with SIGSEGV, and ``tests/test_fenced_reads.py`` reports the last
+name printed. Upstream gradients of the backward pass are fenced the same way. Loads the kernels
+mask off do not fault (AVX-512 masked loads suppress faults on masked lanes), and prefetches never
+fault.
 """
 from __future__ import annotations
 
@@ -34,6 +41,35 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
+def _mapping(nbytes: int, side: str) -> torch.Tensor:
+    """``nbytes`` uint8 of a fresh anonymous mapping, ending at (``"end"``) or starting right after
+    (``"start"``) a ``PROT_NONE`` page."""
+    body = -(-nbytes // PAGE) * PAGE
+    mm = mmap.mmap(-1, body + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(mm, dtype=torch.uint8)  # keeps mm alive; unmapped with the last view
+    guard, start = (raw.data_ptr() + body, body - nbytes) if side == "end" else (raw.data_ptr(), PAGE)
+    if _libc.mprotect(guard, PAGE, _PROT_NONE) != 0:
+        raise OSError(ctypes.get_errno(), "fenced: mprotect failed")
+    return raw[start:start + nbytes]
+
+
+def fenced_empty(shape, dtype: torch.dtype, device, side: str = "end") -> torch.Tensor:
+    """An uninitialised contiguous tensor (a ``_library.placement`` allocator) in memory that ends
+    at (``side="end"``) or starts right after (``"start"``) a page that faults on any access.  The
+    end of the data is the end of the page, so it is only element-aligned (4 KiB-aligned at the
+    start side): kernels must not assume a 64-byte aligned output (tsr_store_row streams only
+    when aligned).  Empty tensors and other devices get plain ``torch.empty``."""
+    if side not in ("end", "start"):
+        raise ValueError(f"fenced_empty: side={side!r} must be 'end' or 'start'")
+    shape = tuple(shape)
+    numel = 1
+    for n in shape:
+        numel *= n
+    if torch.device(device).type != "cpu" or numel == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return _mapping(numel * torch.empty((), dtype=dtype).element_size(), side).view(dtype).view(shape)
+
+
 def fenced(t, side: str = "end"):
     """A copy of CPU tensor ``t`` with its shape and strides, whose memory ends at (``side="end"``)
     or starts right after (``"start"``) a page that faults on any access.  Anything else (not a
@@ -45,30 +81,35 @@ def fenced(t, side: str = "end"):
     if any(s < 0 for s in t.stride()):
         raise ValueError(f"fenced: negative strides {t.stride()} are not supported")
     nbytes = _span(t) * t.element_size()
-    body = -(-nbytes // PAGE) * PAGE
-    mm = mmap.mmap(-1, body + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    raw = torch.frombuffer(mm, dtype=torch.uint8)  # keeps mm alive; unmapped with the last view
-    guard, start = (raw.data_ptr() + body, body - nbytes) if side == "end" else (raw.data_ptr(), PAGE)
-    if _libc.mprotect(guard, PAGE, _PROT_NONE) != 0:
-        raise OSError(ctypes.get_errno(), "fenced: mprotect failed")
-    out = raw[start:start + nbytes].view(t.dtype).as_strided(t.shape, t.stride())
+    out = _mapping(nbytes, side).view(t.dtype).as_strided(t.shape, t.stride())
     # write through a view without the broadcast (stride-0) dims, so no element is written twice
     idx = tuple(slice(0, 1) if s == 0 else slice(None) for s in t.stride())
     out[idx].copy_(t.detach()[idx])
     return out
 
 
+def run_cell(spec, backend: str, dtype: torch.dtype, case, side: str = "end"):
+    """``matrix.run_case`` with every input, upstream gradient, kernel-written buffer and glue copy
+    fenced on ``side``."""
+    from .._library import placement
+    from .matrix import run_case
+
+    with placement(lambda shape, dt, dev: fenced_empty(shape, dt, dev, side)):
+        return run_case(spec, backend, dtype, case, place=lambda t: fenced(t, side))
+
+
 def run_op(name: str, sides=("end", "start")) -> int:
-    """Every cpu cell of op ``name`` with fenced inputs; returns the number of failed cells."""
+    """Every cpu cell of op ``name`` with fenced inputs, outputs and gradients; returns the number of
+    failed cells."""
     import tessera  # noqa: F401  (registers the ops)
-    from .matrix import cells, run_case
+    from .matrix import cells
 
     bad = 0
     for side in sides:
         for spec, backend, dtype, case in cells(backends=("cpu",), ops=[name]):
             cell = f"{name}-{backend}-{str(dtype).replace('torch.', '')}-{case.name} [{side}]"
             print(cell, flush=True)
-            r = run_case(spec, backend, dtype, case, place=lambda t: fenced(t, side))
+            r = run_cell(spec, backend, dtype, case, side)
             if not r.ok:
                 bad += 1
                 print(f"FAILED {cell}: {r.why}", flush=True)

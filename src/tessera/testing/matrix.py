@@ -3,7 +3,8 @@
 Used by ``tests/test_matrix.py`` and ``tessera check``.  Each run:
 
 1. builds the case's inputs (random, in the case's layout);
-2. runs the op on the backend with outputs poisoned (NaN) so unwritten elements fail;
+2. runs the op on the backend with every kernel-written buffer poisoned (NaN; forward
+   outputs and, in step 4, gradients) so unwritten elements fail;
 3. compares every output with the float64 reference and the plain-PyTorch
    same-dtype baseline under :mod:`tessera.testing.tolerance`;
 4. unless the case is tagged ``nograd``, back-propagates the same random upstream
@@ -89,8 +90,9 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
         diff = [i for i, o in enumerate(outs) if o.requires_grad]
         ups = {i: torch.randn(outs[i].shape, generator=gen, dtype=torch.float64) for i in diff}
         keep = place or (lambda t: t)
-        g_k = torch.autograd.grad([outs[i] for i in diff], [k_kw[n] for n in leaves],
-                                  [keep(ups[i].to(outs[i].dtype)) for i in diff], allow_unused=True)
+        with poison_outputs():  # gradient buffers too: an element backward never writes stays NaN
+            g_k = torch.autograd.grad([outs[i] for i in diff], [k_kw[n] for n in leaves],
+                                      [keep(ups[i].to(outs[i].dtype)) for i in diff], allow_unused=True)
         g_r = torch.autograd.grad([refs[i] for i in diff], [r_kw[n] for n in leaves],
                                   [ups[i] for i in diff], allow_unused=True)
         g_lp = (torch.autograd.grad([lps[i] for i in diff], [lp_kw[n] for n in leaves],

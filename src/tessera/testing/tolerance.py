@@ -3,9 +3,36 @@
 * fp32: elementwise ``|out - ref64| <= atol + rtol * |ref64|`` with
   ``torch.testing.assert_close``'s fp32 defaults (rtol 1.3e-6, atol 1e-5), loosened
   only through an op spec's written override.
-* fp16 / bf16: ``|out - ref64| <= 2 * max|ref_lp - ref64| + floor`` elementwise, where ``ref_lp``
-  is plain PyTorch in the same dtype (FlashAttention's rule) and ``floor`` is one
-  ulp of each element's reference value (elementwise).
+* fp16 / bf16, elementwise at every position i where the reference is finite::
+
+      |out_i - ref64_i| <= min(2 * E, cap) + eps * |ref64_i| + tiny
+      E   = max_j |ref_lp_j - ref64_j|        over positions j where ref_lp_j is finite
+      cap = max(CAP_REL * S, ZERO_LEVEL),   S = max_j |ref64_j|
+
+  ``ref_lp`` is the op's ``eager`` baseline: plain PyTorch in the same dtype, written the
+  way a user writes it (``F.rms_norm``, ``F.layer_norm``, ``torch.softmax``: PyTorch's own
+  fp32 statistics; the quantized linears quantize activations exactly as the kernels
+  do).  ``2 * E`` is FlashAttention's rule: at most twice the error of plain PyTorch.
+  ``eps * |ref64_i| + tiny`` (``torch.finfo(dtype)``) is a floor of about one ulp of each
+  element's own value, so an element-exact eager does not demand more than rounding.
+  ``cap`` is why the rule still means something where the baseline is broken: an eager
+  formula that overflows (squares of fp16 values near 65504 give ``inf``, its output
+  zeros) has an error as large as the output itself, and ``2 * E`` alone would then
+  admit an all-zero kernel output.  The eager term never exceeds ``CAP_REL = 1/8`` of
+  the tensor's largest reference value, so an output that is wrong by its own magnitude
+  (zeros, halves, sign flips) fails at the largest element whatever the baseline did.
+  The cap is a fixed fraction, not a number of eps: ill-conditioned cases amplify
+  rounding (fp16 attention on +-1e4 logits: the cpu kernel's error is 0.0085 S, 9 eps),
+  and the largest error of any kernel in the fp16/bf16 matrix (cpu and interpreted
+  Triton, outputs and gradients, large cases included) is 0.084 of its cap (Triton geglu
+  bf16: 0.0104 S).
+  ``ZERO_LEVEL = 2^-24`` (fp16's smallest subnormal) is the absolute level under which
+  the cap stops shrinking: a reference whose largest value is that small (attention
+  gradients of ~1e-15 under saturated softmax rows) is zero at the O(1) scale of the
+  cases, and there eager's fp32-rounding noise still counts.
+  Positions where eager is NaN/inf but the reference is finite (an ``-inf``-masked
+  softmax row, an overflowing eager formula) contribute nothing to ``E``: the bound
+  never becomes infinite through them.
 * Integer and quantized-format outputs (the reference returns int/fp8 tensors): bit-exact.
 * Non-finite values must sit at the same positions as in the reference cast to the
   output dtype (overflow to inf counts), with the same sign for inf; a NaN the
@@ -18,6 +45,8 @@ import dataclasses
 import torch
 
 FP32_RTOL, FP32_ATOL = 1.3e-6, 1e-5
+CAP_REL = 1.0 / 8         # the eager allowance is capped at CAP_REL * max|ref| ...
+ZERO_LEVEL = 2.0 ** -24   # ... but never below this absolute level (a ~zero reference)
 
 
 @dataclasses.dataclass
@@ -89,18 +118,23 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor | None,
         worst = float(excess.max())
         ok = worst <= 0
         return Verdict(ok, err, atol, "" if ok else f"max abs err {err:.3g} exceeds atol {atol:g} + rtol {rtol:g}*|ref|")
-    # low precision: 2x the error of plain PyTorch in the same dtype, plus a floor of one ulp of
-    # each element's own reference value (so the floor never hides a kernel that is several
-    # times worse than torch on the large outputs)
-    floor = torch.finfo(dtype).eps * r.abs()[fin] + float(torch.finfo(dtype).tiny)
+    # low precision (module docstring): min(2 x the error of plain PyTorch in the same dtype, a cap
+    # relative to the tensor's largest reference value) + about one ulp of each element's own value
+    finfo = torch.finfo(dtype)
+    ra = r.abs()[fin]
+    floor = finfo.eps * ra + float(finfo.tiny)
     lp_err = 0.0
     if ref_lp is not None:
         lpd = ref_lp.detach().double().cpu()
-        m = fin & torch.isfinite(lpd)
+        m = fin & torch.isfinite(lpd)      # a NaN/inf eager position gives no allowance
         if m.any():
             lp_err = float((lpd - r).abs()[m].max())
-    excess = diff - (2 * lp_err + floor)
+    cap = max(CAP_REL * float(ra.max()), ZERO_LEVEL)
+    allow = min(2 * lp_err, cap)
+    excess = diff - (allow + floor)
     ok = float(excess.max()) <= 0
-    bound = 2 * lp_err + float(floor.max())
+    bound = allow + float(floor.max())
+    capped = " (capped)" if 2 * lp_err > cap else ""
     return Verdict(ok, err, bound, "" if ok else
-                   f"max abs err {err:.3g} > 2 x torch-{dtype} err {lp_err:.3g} + 1 ulp of the reference")
+                   f"max abs err {err:.3g} > min(2 x torch-{dtype} err {lp_err:.3g}, cap {cap:.3g}){capped} "
+                   "+ 1 ulp of the reference")

@@ -30,7 +30,7 @@ import torch
 from ... import _checks
 from ..._library import rows
 from ..._registry import Case
-from ...testing import cases as C
+from ... import _cases as C
 
 # activation kinds, shared with activations.c and the Triton kernel
 SILU, GELU, GELU_TANH = 0, 1, 2

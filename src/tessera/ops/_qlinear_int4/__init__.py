@@ -28,10 +28,9 @@ from ... import _checks
 from ..._registry import Case
 from ...quant import contract
 from ...quant.contract import pack_int4, unpack_int4  # noqa: F401  (re-exported for ref/tests)
-from ...testing import cases as C
+from ... import _cases as C
 
-ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-from .._qlinear_int8.ref import ACT_CODE  # noqa: E402,F401  (the epilogue activation codes shared by the linears)
+from .._qlinear_int8.ref import ACT_CODE, ACTIVATIONS  # noqa: F401  (the epilogue activations shared by the linears)
 GROUPS = (32, 64, 128)
 
 
@@ -222,7 +221,8 @@ def peers(a8: bool = False):
     int4pack GEMM, ONNX Runtime MatMulNBits with float activations and, for W4A8, MatMulNBits
     with accuracy_level 4 (ORT quantises the activations to int8 itself: the like-for-like peer)."""
     from ...quant import peers as P
-    out = {"torch-int4pack": P.torch_int4pack, "ort-matmulnbits": P.ort_matmulnbits}
+    out = {"torch-int4pack": P.torch_int4pack, "ort-matmulnbits": P.ort_matmulnbits,
+           "dequant+matmul": P.dequant_matmul_int4}  # the weight dequantized once, then F.linear
     if a8:
         out["ort-matmulnbits-a8"] = P.ort_matmulnbits_a8
     return out
@@ -272,6 +272,7 @@ def register(op: str, fn, ref, eager, spec_holder: dict, fp32_tol: dict, a8: boo
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
                  "triton": f"tessera.ops.{op}.triton"},
         cases=cases(), grad_inputs=(), bytes_fwd=bytes_fwd, flops_fwd=flops_fwd, bound=bound,
+        compute_dtype="int8" if a8 else "fp32",  # W4A8: VPDPBUSD; W4A16's GEMM: fp32 FMAs
         bench_cases=bench_cases(), fp32_tol=fp32_tol, fuzz="test_qlinear_int4.py", peers=peers(a8=a8),
     ))
     return spec_holder["spec"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..._library import as_fp32_param, new_output
+from ..._library import as_fp32_param, contiguous, new_output
 from ...backends import cpu
 from . import ACT_CODE
 
@@ -29,9 +29,9 @@ def _forward(mode, x, weight, weight_scale, weight_zero, group_size, bias, activ
     y = new_output((M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return y
-    w = weight.contiguous()
-    s = weight_scale.contiguous()
-    z = None if weight_zero is None else weight_zero.contiguous()
+    w = contiguous(weight)
+    s = contiguous(weight_scale)
+    z = contiguous(weight_zero)
     b = as_fp32_param(bias)
     f = cpu.declare(_lib(), "tsr_qlinear_int4", "iplippppplllliii")
     rc = f(mode, cpu.ptr(x), x.stride(0), cpu.DTYPE_CODE[x.dtype], cpu.ptr(w), cpu.ptr(s), cpu.ptr(z), cpu.ptr(b),

@@ -10,11 +10,12 @@ needed -- two ``tl.dot`` per group:
     W4A8 : acc_g = qx_even @ (lo - z).T + qx_odd @ (hi - z).T   exact integers
            y  += fp32(acc_g) * s_g;   y *= sx                     (quant_interface epilogue)
 
-W4A8 first quantises x per token (``_quant_rows_kernel``: the contract's rules, ``div_rn`` and
-round-half-even ``rint``).  Its dot is int8 x int8 -> int32 on GPUs; under the interpreter it is
-an fp32 dot, which is exact as well: every product and partial sum of a group is an integer of
-magnitude <= 128 * 127 * 15 < 2^24.  fp32 dots run with ``input_precision="ieee"`` (no TF32);
-fp16/bf16 x on a GPU dots in its own dtype ((q - z) is exact there) with fp32 accumulation.
+W4A8 first quantises x per token (``triton_lang.quantize_rows``, shared with the int8 linears:
+the contract's rules, ``div_rn`` and round-half-even ``rint``).  Its dot is int8 x int8 ->
+int32 on GPUs; under the interpreter it is an fp32 dot, which is exact as well: every product
+and partial sum of a group is an integer of magnitude <= 128 * 127 * 15 < 2^24.  fp32 dots run
+with ``input_precision="ieee"`` (no TF32); fp16/bf16 x on a GPU dots in its own dtype ((q - z)
+is exact there) with fp32 accumulation.
 """
 from __future__ import annotations
 
@@ -24,30 +25,10 @@ import triton.language as tl
 
 from ..._library import as_fp32_param, new_output
 from ...backends.triton import interpreted, next_pow2
-from ...backends.triton_lang import rint as _rint, round_bf16, epilogue_act as _act
+from ...backends.triton_lang import quantize_rows, round_bf16, epilogue_act as _act
 from . import ACT_CODE
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _quant_rows_kernel(x_ptr, sxm, q_ptr, s_ptr, K, BLOCK_K: tl.constexpr, HW_RINT: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + row * sxm + cols, mask=cols < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.where(x != x, 0.0, tl.abs(x)))
-    a = tl.max(amax, axis=0)
-    scale = tl.math.div_rn(tl.maximum(a, 1e-12), tl.full(a.shape, 127.0, tl.float32))
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + row * sxm + cols, mask=cols < K, other=0.0).to(tl.float32)
-        q = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
-        q = tl.where(q != q, 0.0, q)
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        tl.store(q_ptr + row * K + cols, _rint(q, HW_RINT).to(tl.int8), mask=cols < K)
-    tl.store(s_ptr + row, scale)
 
 
 @triton.jit
@@ -113,11 +94,7 @@ def _forward(a8, x, weight, weight_scale, weight_zero, group_size, bias, activat
     b = as_fp32_param(bias)
     sx = None
     if a8:
-        q = torch.empty((M, K), dtype=torch.int8, device=x.device)
-        sx = torch.empty((M,), dtype=torch.float32, device=x.device)
-        _quant_rows_kernel[(M,)](x, x.stride(0), q, sx, K, BLOCK_K=min(next_pow2(K), 1024),
-                                 HW_RINT=not interpreted())
-        x = q
+        x, sx = quantize_rows(x, torch.int8)  # int8 codes [M, K] contiguous + fp32 scales [M]
     BM, BN = _blocks(M, N)
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
     _qlinear_int4_kernel[grid](x, x.stride(0), sx if a8 else s, w, s, z if z is not None else w,

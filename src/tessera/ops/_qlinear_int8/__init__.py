@@ -11,7 +11,8 @@ Formulas (issue #4, ``/work/briefs/quant_interface.md``):
 ``weight`` int8 [N, K] (nn.Linear layout), ``weight_scale`` fp32 [N] (per channel) or []
 (per tensor), ``bias`` fp32 or x.dtype [N], ``activation`` one of None, "relu", "gelu" (erf),
 "gelu_tanh", "silu".  x is fp32/fp16/bf16 [..., K] with any leading dims; y is [..., N] in
-x.dtype.  K <= 131072 keeps every int8 x int8 sum inside int32 (127 * 127 * K < 2^31).
+x.dtype.  K <= 131071 keeps every int8 x int8 sum inside int32: the largest sum is
+K * (-128) * (-128) = K * 2^14, and 131072 * 2^14 = 2^31 wraps (int16 a: see MAX_K).
 The integer parts are bit-exact on every backend and ISA level; only the fp32 epilogue
 carries rounding.  These are inference ops: they have no gradient (x.requires_grad is fine,
 backward through them raises).
@@ -29,19 +30,26 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import as_fp32_param, direct, rows
+from ..._library import as_fp32_param, contiguous, direct, rows
 from ..._registry import Case
 from ...quant import contract
 from .ref import ACTIVATIONS
 
-MAX_K = 131072
+# The K bound of every int8 matmul, enforced by check_k: the largest |int8 x int8| sum is
+# K * 128 * 128 = K * 2^14 (every term (-128) * (-128)), which fits int32 (<= 2^31 - 1) for
+# K <= 131071; K = 131072 gives exactly 2^31 and wraps to -2^31.  The same bound covers int16 a:
+# the CPU kernels flush int32 lanes into int64 every 4096 K, and the Triton kernel splits a into
+# two int8 halves whose int32 sums are int8 x int8 sums again (exact only under this bound), so
+# the int64 result is exact for every allowed K.  The linears quantise x to |q| <= QMAX (127),
+# tighter still (127 * 128 * K < 2^31).
+MAX_K = 131071
 
 
 def check_k(op: str, name: str, t: Tensor) -> None:
     K = t.shape[-1]
     if K < 1 or K > MAX_K:
         raise ValueError(f"tessera.{op}: argument '{name}' ({_checks.describe(t)}) must have a last "
-                         f"dimension K in 1..{MAX_K} (int8 sums must fit int32)")
+                         f"dimension K in 1..{MAX_K} (K * 128 * 128 must fit the int32 accumulators)")
 
 
 def check_int_mm(op: str, a, b) -> None:
@@ -98,8 +106,8 @@ def make_linear(op: str, bits: int, spec_holder: dict):
         check_linear(op, x, weight, weight_scale, bias, activation)
         mod = select(spec_holder["spec"], x.device, x.dtype, backend)
         N = weight.shape[0]
-        sw = weight_scale.float().reshape(-1).expand(N).contiguous()
-        y = mod.forward(rows(x), weight.contiguous(), sw, as_fp32_param(bias), activation)
+        sw = as_fp32_param(weight_scale.reshape(-1).expand(N))
+        y = mod.forward(rows(x), contiguous(weight), sw, as_fp32_param(bias), activation)
         return y.view(*x.shape[:-1], N)
 
     impl.__name__ = f"_{op}_impl"
@@ -134,7 +142,7 @@ def quant_weight(N, K, gen, device, per_tensor=False):
 def linear_case(name, xshape, N, layout="contig", tags=(), bias=False, activation=None, per_tensor=False,
                 bias_f32=False, extreme=None):
     """Case of a quantised linear: x [..., K] in the matrix dtype (``layout`` from testing.cases)."""
-    from ...testing import cases as C
+    from ... import _cases as C
 
     def mk(dtype, device, gen):
         K = xshape[-1]
@@ -230,15 +238,17 @@ def register_linear(op: str, fn, ref, spec_holder: dict):
     share cases, bytes/FLOPs model, bound, tolerance and peers; only name, fn and ref differ."""
     from ...quant import peers
     from ..._registry import OpSpec, register_op
-    from .ref import linear_eager
+    from .ref import EAGER
     spec_holder["spec"] = register_op(OpSpec(
-        name=op, fn=fn, ref=ref, eager=linear_eager,
+        name=op, fn=fn, ref=ref, eager=EAGER[op],  # activations quantised like the kernel
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
                  "triton": f"tessera.ops.{op}.triton"},
         cases=linear_cases(), grad_inputs=(),
         bytes_fwd=linear_bytes_fwd, flops_fwd=linear_flops_fwd, bound=linear_bound,
+        compute_dtype="int8",  # integer dot products (VPDPBUSD): judged against the int8 peak
         bench_cases=linear_bench_cases(), fp32_tol=FP32_TOL, fuzz="test_qlinear_int8.py",
-        peers={"torch-int8pack": peers.torch_int8pack},  # weight-only int8 (aten._weight_int8pack_mm)
+        # weight-only int8 (aten._weight_int8pack_mm), and the weight dequantized once + F.linear
+        peers={"torch-int8pack": peers.torch_int8pack, "dequant+matmul": peers.dequant_matmul_int8},
         scalar_ok=("weight_scale",),  # [] = a per-tensor scale
     ))
     return spec_holder["spec"]

@@ -16,7 +16,7 @@
  *     come from one more VPDPBUSD with a vector of ones on the weight already in registers
  *     (GEMV: during the first row block, no extra weight pass) or from a pass over the
  *     L2-resident weight panel (GEMM).  Wrapping int32 arithmetic is exact modulo 2^32, and the
- *     true sums fit int32 for K <= 131072.
+ *     true sums fit int32 for K <= 131071 (enforced: 131072 * (-128)^2 = 2^31 would wrap).
  *   - int16 x int8 (A16W8), AVX512-VNNI: VPDPWSSD on int16 pairs (weights widened with
  *     VPMOVSXBW).  Each int32 lane gains at most 4 products of |a| <= 32768, |w| <= 128 per
  *     64-wide K step (2^24), so lanes are flushed into int64 every 64 steps (K = 4096):

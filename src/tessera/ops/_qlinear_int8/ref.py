@@ -47,9 +47,16 @@ def int_mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def int_mm_ref(a, b):
-    """Exact int_mm: int32 for int8 a (wrapping like torch._int_mm; |acc| < 2^31 for K <= 131072
-    anyway), int64 for int16 a."""
-    acc = int_mm_exact(a, b).to(a.device)
+    """Exact int_mm: int32 for int8 a, int64 for int16 a.  The int64 sums are never wrapped into
+    the int32 result silently (torch._int_mm would): a sum outside int32 (only possible past the
+    enforced K <= 131071) raises, so the reference cannot agree with a kernel on a wrong value."""
+    acc = int_mm_exact(a, b)
+    if a.dtype == torch.int8 and acc.numel():
+        lo, hi = int(acc.min()), int(acc.max())
+        if lo < -2**31 or hi > 2**31 - 1:
+            raise ValueError(f"int_mm_ref: int8 sums in [{lo}, {hi}] overflow the int32 result (K = "
+                             f"{a.shape[-1]}; K <= 131071 keeps them inside int32)")
+    acc = acc.to(a.device)
     return acc.to(torch.int32) if a.dtype == torch.int8 else acc
 
 
@@ -70,12 +77,30 @@ def linear_ref(x, weight, weight_scale, bias=None, activation=None, *, bits=8):
     return activate(y, activation).reshape(*x.shape[:-1], N)
 
 
-def linear_eager(x, weight, weight_scale, bias=None, activation=None):
-    """What a user writes in plain PyTorch: dequantise the weight to x.dtype and F.linear."""
-    N = weight.shape[0]
+def linear_eager(x, weight, weight_scale, bias=None, activation=None, *, bits=8):
+    """What a user writes in plain PyTorch for the same W8A8 / A16W8 recipe, in x.dtype: quantise
+    the activations per token exactly as the kernels do (``contract.quantize_rows`` in fp32),
+    dequantise both operands to x.dtype and ``F.linear``.  Quantising x here is what makes it a
+    baseline of the kernel's *float* error: with x unquantised, its error included the whole
+    activation-quantisation noise (~1/254 of each row's amax per int8 element), and the 2x rule
+    then admitted kernels that many ulps off."""
+    K, N = x.shape[-1], weight.shape[0]
+    qx, sx = contract.quantize_rows(x.reshape(-1, K).float(), QTYPE[bits])
+    xd = (qx.float() * sx[:, None]).to(x.dtype).reshape(x.shape)
     w = (weight.float() * _weight_scale(weight_scale, N)[:, None]).to(x.dtype)
-    y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
+    y = torch.nn.functional.linear(xd, w, None if bias is None else bias.to(x.dtype))
     return activate(y, activation)
+
+
+def linear_w8a8_eager(x, weight, weight_scale, bias=None, activation=None):
+    return linear_eager(x, weight, weight_scale, bias, activation, bits=8)
+
+
+def linear_a16w8_eager(x, weight, weight_scale, bias=None, activation=None):
+    return linear_eager(x, weight, weight_scale, bias, activation, bits=16)
+
+
+EAGER = {"linear_w8a8": linear_w8a8_eager, "linear_a16w8": linear_a16w8_eager}
 
 
 # ---------------------------------------------------------------- reference backend kernels

@@ -1,15 +1,17 @@
 """Triton kernels of the int8 matmuls (GPU; CPU tensors under TRITON_INTERPRET=1).
 
-* ``_quant_rows_kernel``: per-token quantisation of x (one program per row, two passes over
-  K: amax, then q = div_rn(x, scale) -- a true IEEE division -- NaN -> 0, saturate, round
-  half to even with ``triton_lang.rint``), the integer contract bit for bit.  A small first
-  kernel rather than fused into every matmul program: the per-row amax needs all of K, and
-  recomputing it in each of the N / BLOCK_N programs of a row costs more than one pass.
+* ``triton_lang.quantize_rows`` (shared with linear_w4a8): per-token quantisation of x (one
+  program per row, two passes over K: amax, then q = div_rn(x, scale) -- a true IEEE
+  division -- NaN -> 0, saturate, round half to even), the integer contract bit for bit.  A
+  small first kernel rather than fused into every matmul program: the per-row amax needs all
+  of K, and recomputing it in each of the N / BLOCK_N programs of a row costs more than one pass.
 * ``_imm_kernel``: tiles of BLOCK_M x BLOCK_N, K in BLOCK_K steps, ``tl.dot`` on int8 tiles
-  with int32 accumulation (exact; K <= 131072 keeps the sums in int32).  int16 activations
-  are split into int8 halves, a = 256 * hi + lo' + 128 with hi = a >> 8 and
+  with int32 accumulation (exact; K <= 131071, enforced, keeps the sums in int32).  int16
+  activations are split into int8 halves, a = 256 * hi + lo' + 128 with hi = a >> 8 and
   lo' = (a & 255) - 128 (both in -128..127), so a @ w.T = 256 * (hi @ w.T) + lo' @ w.T
-  + 128 * colsum(w), combined in int64 (three int32 sums, each exact).
+  + 128 * colsum(w), combined in int64 (three int32 sums, each exact: hi @ w.T and lo' @ w.T
+  are int8 x int8 sums, |.| <= K * 2^14 < 2^31 under the same K <= 131071 bound, so this path
+  needs no int64 flush; the CPU's VPDPWSSD lanes, which sum int16 x int8 products, do).
   The epilogue (linears) is fp32: acc * (sx * sw) + bias, then the activation (as
   qlinear_epilogue.h), stored in x.dtype (bf16 rounded to nearest even with ``round_bf16``
   under the interpreter, whose own cast truncates).
@@ -21,32 +23,9 @@ import triton
 import triton.language as tl
 
 from ..._library import new_output
-from ...backends.triton import interpreted, next_pow2
-from ...backends.triton_lang import rint, round_bf16, epilogue_act as _act
+from ...backends.triton import interpreted
+from ...backends.triton_lang import quantize_rows as _quantize_rows, round_bf16, epilogue_act as _act
 from .ref import ACT_CODE, DTYPES, INT_DTYPES  # noqa: F401
-
-
-@triton.jit
-def _quant_rows_kernel(x_ptr, sx, q_ptr, s_ptr, K, QMAX: tl.constexpr, BLOCK_K: tl.constexpr,
-                       HW_RINT: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        v = tl.load(x_ptr + row * sx + k, mask=k < K, other=0.0).to(tl.float32)
-        a = tl.abs(v)
-        amax = tl.maximum(amax, tl.where(a != a, 0.0, a))
-    lane = tl.arange(0, BLOCK_K)
-    m = tl.max(amax, axis=0) + tl.zeros((BLOCK_K,), dtype=tl.float32)   # the row amax in every lane
-    scale = tl.math.div_rn(tl.maximum(m, 1e-12), tl.full((BLOCK_K,), QMAX, tl.float32))
-    tl.store(s_ptr + row + lane * 0, scale, mask=lane == 0)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        v = tl.load(x_ptr + row * sx + k, mask=k < K, other=0.0).to(tl.float32)
-        q = tl.math.div_rn(v, scale)
-        q = tl.where(q != q, 0.0, q)
-        q = rint(tl.minimum(tl.maximum(q, -QMAX), QMAX), HW_RINT)
-        tl.store(q_ptr + row * K + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
 
 
 @triton.jit
@@ -91,9 +70,9 @@ def _imm_kernel(a_ptr, sa, b_ptr, c_ptr, sx_ptr, sw_ptr, bias_ptr, M, N, K,
         tl.store(c_ptr + rm[:, None] * N + rn[None, :], res.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def _blocks(M):
-    if interpreted():
-        return 16, 32, 64        # few, large programs (the interpreter pays per program)
+def _blocks(M, K):
+    if interpreted():  # few, large programs (the interpreter pays per program and per K step:
+        return 16, 32, (512 if K > 4096 else 64)  # K = 131071 takes 0.7 s instead of 5 s)
     return (16 if M <= 16 else 64), 64, 128
 
 
@@ -102,7 +81,7 @@ def _launch(a, b, out, sx=None, sw=None, bias=None, activation=None, rne_bf16=Fa
     N = b.shape[0]
     if M == 0 or N == 0:
         return out
-    BM, BN, BK = _blocks(M)
+    BM, BN, BK = _blocks(M, K)
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
     epi = sx is not None
     _imm_kernel[grid](a, a.stride(0), b, out, sx if epi else out, sw if epi else out,
@@ -119,14 +98,7 @@ def int_mm_forward(a, b):
 
 def quantize_rows(x, bits):
     """(q [M, K] int8/int16 contiguous, fp32 scales [M]) per the integer contract."""
-    M, K = x.shape
-    q = torch.empty((M, K), dtype=torch.int8 if bits == 8 else torch.int16, device=x.device)
-    s = torch.empty((M,), dtype=torch.float32, device=x.device)
-    if M:
-        _quant_rows_kernel[(M,)](x, x.stride(0), q, s, K, QMAX=127.0 if bits == 8 else 32767.0,
-                                 BLOCK_K=min(next_pow2(K), 4096 if interpreted() else 1024),
-                                 HW_RINT=not interpreted())
-    return q, s
+    return _quantize_rows(x, torch.int8 if bits == 8 else torch.int16)
 
 
 def linear_forward(x, weight, sw, bias, activation, bits):

@@ -10,7 +10,8 @@ from .ref import CACHE_DTYPES  # noqa: F401  (every cache dtype)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("append_kv.c")
-CACHE_CODE = {**cpu.DTYPE_CODE, torch.int8: 8, torch.float8_e4m3fn: 9}
+CACHE_CODE = {**cpu.DTYPE_CODE, torch.int8: 8, torch.float8_e4m3fn: 9}  # the C kernels' cache dtype codes
+# (decode_attention/cpu.py reads the same table)
 
 
 def forward(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale):

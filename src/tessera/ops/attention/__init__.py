@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct, shaped
+from ..._library import contiguous, direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .ref import attention_eager, attention_ref, window_bounds
 
@@ -98,13 +98,13 @@ def _check(q, k, v, cu_q, cu_k, scale, softcap, values=False):
 def _packed(t: Tensor, varlen: bool) -> Tensor:
     """(B, S, H, D) -> (B*S, H, D) without copying when the batch and token dims collapse."""
     if t.stride(-1) != 1 and t.shape[-1] > 1:
-        t = t.contiguous()
+        t = contiguous(t)  # a glue copy: fenced like the inputs under test (_library.contiguous)
     if varlen:
         return t
     try:
         return t.view(-1, t.shape[2], t.shape[3])
     except RuntimeError:
-        return t.reshape(-1, t.shape[2], t.shape[3])
+        return contiguous(t).view(-1, t.shape[2], t.shape[3])
 
 
 def _prepare(q, k, v, cu_q, cu_k, max_q, max_k):
@@ -162,7 +162,7 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     varlen = cu_q is not None
     qp, kp, vp, cq, ck, mq, mk = _prepare(q, k, v, cu_q, cu_k, max_q, max_k)
     lse_p = lse if varlen else lse.transpose(0, 1).reshape(q.shape[2], -1)
-    dq, dk, dv = mod.backward(_packed(dout, varlen), qp, kp, vp, _packed(out, varlen), lse_p.contiguous(), cq, ck,
+    dq, dk, dv = mod.backward(_packed(dout, varlen), qp, kp, vp, _packed(out, varlen), contiguous(lse_p), cq, ck,
                               mq, mk, _scale(q, scale), window_left, window_right, softcap)
     return shaped(dq, q.shape), shaped(dk, k.shape), shaped(dv, v.shape)
 

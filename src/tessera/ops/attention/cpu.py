@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..._library import new_output
+from ..._library import contiguous, new_output
 from ... import _jit
 from ...backends import cpu
 
@@ -77,7 +77,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_le
     if B == 0 or Hq == 0 or (Tq == 0 and Tk == 0):
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
-        dout = dout.contiguous()
+        dout = contiguous(dout)
     f = cpu.declare(_lib(), "tsr_attn_bwd", "pllpllpllpllpllpppllllfllfpppiii")
     rc = f(cpu.ptr(dout), dout.stride(0), dout.stride(1), cpu.ptr(q), q.stride(0), q.stride(1), cpu.ptr(k),
            k.stride(0), k.stride(1), cpu.ptr(v), v.stride(0), v.stride(1), cpu.ptr(out), out.stride(0),

@@ -177,7 +177,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_le
     out, lse = out.contiguous(), lse.contiguous()
     kv_cfg, dq_cfg = bwd_config(max_q, max_k, D, q.device)
     fl = flags(q.dtype, softcap, window_left, window_right)
-    delta = torch.empty((Hq, Tq), dtype=torch.float32, device=q.device)  # laid out like lse
+    delta = new_output((Hq, Tq), torch.float32, q.device)  # laid out like lse; kernel-written
     if Tq > 0:
         bm = min(256, max(16, next_pow2(Tq))) if interpreted() or q.device.type != "cuda" else 64
         _attn_bwd_delta_kernel[(triton.cdiv(Tq, bm), Hq)](dout, out, delta, dout.stride(0), dout.stride(1),

@@ -21,7 +21,7 @@ all but q/out are reads, so ``tessera bench`` judges the rate against a read-onl
 one linear buffer (``bound="read"``), and also against a plain read of the same scattered
 pages through the block table (``layout_read``: paged_read.c, reported as ``%layout``).
 Pages scattered by the table read slower than one buffer: each 16-token page restarts the
-hardware prefetcher's stream (on the 2-core VM ~25-35 GB/s against ~42 for one buffer).
+hardware prefetcher's stream (the measured rates: ``benchmarks/results/2026-12-03e-cpu/``).
 
 AVX-512 inner loops (``decode_fast.h``): 16 (query head, key) dot products at once with one
 shuffle-add reduction for all 16, exponentials 16 keys at a time, and by (q, cache) dtype:
@@ -30,24 +30,12 @@ FlashAttention does, the normaliser sums the rounded values); fp16/bf16 q x int8
 ``vpdpwssd`` (q quantised to int16 per head, error <= 2^-16 of its max, ~100x below bf16
 rounding); fp32 FMAs otherwise (all fp32 q); a few lines of the next chunk prefetched per head.
 
-Measured (benchmarks/results/2026-12-03g-cpu, caches from ``tessera.alloc_kv_cache``: huge
-pages): bf16 KV at 66-87% of the layout read (62-66% of the linear read pass in the main job),
-B=1 x 16384 tokens (64 MiB) in 3.4 ms, 54x gather + SDPA; int8 KV at 48-71% of its layout
-read, 1.30-1.60x faster than bf16 KV with the two alternating in one loop.  B=1 x 1024 keys
-(4 MiB) reaches ~25%: per-call costs and split start-up dominate.  Per (key, kv head), G = 4,
-D = 128, one thread, cache in L3: 22-28 ns for both cache kinds (2026-12-03h-cpu/decode-compute),
-against ~9 ns for their 32 dot instructions (0.28 ns each on this VM): the kernels run at
-32-41% of dot throughput.  bf16 KV from DRAM adds ~35% to that (one thread) (its compute mostly overlaps
-the loads: 69-81% of the layout read in bench rows), while int8 KV, with half the bytes and the
-same compute, stays near its L3 time: compute-bound, which is why it is not 2x faster.  Chunks: 32 keys for 16/32-bit
-caches, 64 for int8 (df_chunk_keys).  Tried and measured slower or equal (interleaved A/B, see
-issue #3's notes): no prefetch (1.9x slower), T0/NTA hints (2-3x slower), prefetches moved to
-the P.V loop (1.1-1.25x slower) or spread over scores and P.V (0.95-1.06x), every second line
-only (1.5-2.5x slower), unmasked loads when D % 32 == 0 (int8 within noise, bf16 up to 10%
-slower), scales by vector gather (1.00-1.05x), 16-key chunks, 128-key chunks (int8 1.01-1.17x slower),
-whole token rows prefetched in memory order (1.15-1.5x slower), scores with each key's 8-dim
-blocks broadcast to the four heads' lanes (one 4-way reduction per 4 keys instead of the 16-way
-one: equal for bf16, 1.2x slower for int8).
+Why the kernel looks like this (figures: ``benchmarks/results/2026-12-03g-cpu/README.md``,
+section "decode_attention design notes", and the later result folders): the bf16 cache's
+compute mostly overlaps its loads, so it runs near the layout read; an int8 cache has half the
+bytes and the same dot-product work, so it is compute-bound and not twice as fast.  Chunks:
+32 keys for 16/32-bit caches, 64 for int8 (df_chunk_keys).  The prefetch placement, hints,
+chunk sizes and score layouts that were tried and measured slower or equal are listed there.
 """
 from __future__ import annotations
 
@@ -59,7 +47,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import contiguous, direct
 from ..._registry import BackendError, OpSpec, backend_available, register_op, select
 from ..append_kv import check_cache_pair, check_index, check_pages, host_ints
 from .cases import bench_cases, cases
@@ -118,7 +106,7 @@ def _decode_attention_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
         raise BackendError(f"tessera.{OP}: the selected backend ({mod.__name__}) cannot read a {k_cache.dtype} "
                            f"cache (has: {mod.CACHE_DTYPES})")
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return mod.forward(q.contiguous(), k_cache, v_cache, block_table.contiguous(), seq_lens.contiguous(), sc,
+    return mod.forward(contiguous(q), k_cache, v_cache, contiguous(block_table), contiguous(seq_lens), sc,
                        float(softcap), int(window), k_scale, v_scale, max_keys)
 
 

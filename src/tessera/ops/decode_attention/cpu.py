@@ -20,7 +20,7 @@ from ..append_kv.ref import CACHE_DTYPES  # noqa: F401  (every cache dtype)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("decode_attention.c")
 _READ_SRC = Path(__file__).with_name("paged_read.c")
-CACHE_CODE = {**cpu.DTYPE_CODE, torch.int8: 8, torch.float8_e4m3fn: 9}
+from ..append_kv.cpu import CACHE_CODE  # noqa: E402  (one table of the C cache-dtype codes)
 
 
 CHECKS_INDICES = True  # the op skips its host-side index pass for this backend (see above)

@@ -133,9 +133,10 @@ def forward(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, window, 
     S = _splits(B, Hk, max_keys, q.device)
     kind = _KIND.get(k_cache.dtype, 0)
     kc, vc = (k_cache.view(torch.uint8), v_cache.view(torch.uint8)) if kind == 2 else (k_cache, v_cache)
-    pm = torch.empty(B * Hk * S * G, dtype=torch.float32, device=q.device)
-    pl = torch.empty_like(pm)
-    pa = torch.empty(B * Hk * S * G * D, dtype=torch.float32, device=q.device)
+    # split partials: kernel-written workspaces, so new_output (poisoned / fenced under test)
+    pm = new_output((B * Hk * S * G,), torch.float32, q.device)
+    pl = new_output((B * Hk * S * G,), torch.float32, q.device)
+    pa = new_output((B * Hk * S * G * D,), torch.float32, q.device)
     ks = k_scale if k_scale is not None else pm
     vs = v_scale if v_scale is not None else pm
     BLOCK_N = 32 if interpreted() else 16

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct, rows
+from ..._library import as_fp32_param, contiguous, direct, rows
 from ..._registry import Case, OpSpec, register_op, select
-from ...testing import cases as C
+from ... import _cases as C
 from ..quantize import out_shapes
 from ..quantize.ref import quantize2d
 from .ref import DATA_DTYPES, dequantize_blocks_eager, dequantize_blocks_ref
@@ -71,7 +71,7 @@ def _dequantize_blocks_impl(data: Tensor, scale: Tensor, zero: Optional[Tensor],
     shape = _check(data, scale, zero, block_rows, block, dtype)
     dtype = scale.dtype if dtype is None else dtype
     mod = select(SPEC, data.device, dtype, backend)
-    out = mod.forward(rows(data), scale.float().contiguous(), None if zero is None else zero.contiguous(),
+    out = mod.forward(rows(data), as_fp32_param(scale), contiguous(zero),
                       block_rows, block, dtype)
     return out.reshape(shape)
 

@@ -5,7 +5,7 @@
 
 ``b`` is in nn.Linear layout (row n = output feature), as the quantised linears' weights.
 Bit-exact on every backend and CPU ISA level (integer sums are exact; int8 sums fit int32 for
-K <= 131072, which is enforced).  CPU: AVX512-VNNI VPDPBUSD / VPDPWSSD micro-kernels with a
+K <= 131071, which is enforced: 131072 terms (-128) * (-128) sum to 2^31).  CPU: AVX512-VNNI VPDPBUSD / VPDPWSSD micro-kernels with a
 portable C fallback (see ``_qlinear_int8/qlinear_int8.c``); Triton: ``tl.dot`` on int8 tiles
 (int16 a is split into two int8 halves).  No gradient (integer op).
 """
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct, rows
+from ..._library import contiguous, direct, rows
 from ..._registry import Case, OpSpec, register_op, select
 from .._qlinear_int8 import BENCH_SHAPES, check_int_mm
 from .._qlinear_int8.ref import INT_DTYPES, int_mm_ref
@@ -28,7 +28,7 @@ OP = "int_mm"
 def _int_mm_impl(a: Tensor, b: Tensor, backend: str) -> Tensor:
     check_int_mm(OP, a, b)
     mod = select(SPEC, a.device, a.dtype, backend)
-    return mod.forward(rows(a), b.contiguous())
+    return mod.forward(rows(a), contiguous(b))
 
 
 _int_mm = torch.library.custom_op("tessera::int_mm", mutates_args=())(_int_mm_impl)
@@ -110,6 +110,7 @@ SPEC = register_op(OpSpec(
     cases=_cases(), grad_inputs=(), dtypes=INT_DTYPES,
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd,
     bound=lambda kw: "compute" if kw["a"].shape[0] >= 64 else "read",
+    compute_dtype="int8",  # VPDPBUSD (int16 a too: its ceiling is no lower than the int8 peak's)
     bench_cases=[_case(f"M{m}-K{k}-N{n}", m, k, n) for m, k, n in BENCH_SHAPES if m >= 64 or n == 4096],
     fuzz="test_qlinear_int8.py",
 ))

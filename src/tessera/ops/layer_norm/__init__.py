@@ -26,7 +26,7 @@ from torch import Tensor
 from ... import _checks
 from ..._library import direct, rows, shaped
 from ..._registry import Case, OpSpec, register_op, select
-from ...testing import cases as C
+from ... import _cases as C
 from ..rms_norm import norm_bytes_bwd, norm_bytes_fwd  # the same roofline: one pass over rows
 from .ref import layer_norm_eager, layer_norm_ref
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..._library import new_output
-from ...backends.triton import interpreted, row_block
+from ...backends.triton import interpreted, param, row_block
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -149,6 +149,7 @@ def _programs(M: int, device: torch.device) -> int:
 
 def forward(x, weight, bias, residual, eps):
     M, N = x.shape
+    weight, bias = param(weight), param(bias)  # strided / broadcast parameters: see param()
     y = new_output((M, N), x.dtype, x.device)
     h = None if residual is None else new_output((M, N), x.dtype, x.device)
     mean = new_output((M,), torch.float32, x.device)
@@ -166,6 +167,7 @@ def forward(x, weight, bias, residual, eps):
 
 def backward(dy, dh, h, weight, bias, mean, rstd, eps):
     M, N = h.shape
+    weight = param(weight)
     dx = new_output((M, N), h.dtype, h.device)
     G = _programs(M, h.device)
     dwp = torch.zeros((G, N), dtype=torch.float32, device=h.device) if weight is not None else None

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct, rows
+from ..._library import contiguous, direct, rows
 from ..._registry import OpSpec, register_op, select
 from .cases import bench_cases, cases
 from .ref import ACTIVATIONS, BLOCK, WEIGHT_DTYPES, linear_fp8_eager, linear_fp8_ref
@@ -71,8 +71,7 @@ def _linear_fp8_impl(x: Tensor, weight_bits: Tensor, e5m2: bool, weight_scale: T
     weight = weight_bits.view(WEIGHT_DTYPES[int(e5m2)])
     _check(x, weight, weight_scale, bias, activation)
     mod = select(SPEC, x.device, x.dtype, backend)
-    y = mod.forward(rows(x), weight.contiguous(), weight_scale.contiguous(),
-                    None if bias is None else bias.contiguous(), activation)
+    y = mod.forward(rows(x), contiguous(weight), contiguous(weight_scale), contiguous(bias), activation)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -119,13 +118,17 @@ def _bound(kw):
     return "compute" if x.numel() // x.shape[-1] >= 64 else "read"
 
 
+from ...quant import peers  # noqa: E402  (bench peers; imported here, after the op is defined)
+
 SPEC = register_op(OpSpec(
     name=OP, fn=linear_fp8, ref=linear_fp8_ref, eager=linear_fp8_eager,
     kernels={"reference": "tessera.ops.linear_fp8.ref", "cpu": "tessera.ops.linear_fp8.cpu",
              "triton": "tessera.ops.linear_fp8.triton"},
     cases=cases(), grad_inputs=(),
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bound=_bound, bench_cases=bench_cases(),
-    fuzz="test_linear_fp8.py", scalar_ok=("weight_scale",),  # a 0-d weight_scale is the per-tensor format
+    compute_dtype="bf16",  # fp8 x fp8 products are exact in bf16: VDPBF16PS where present
+    fuzz="test_linear_fp8.py", scalar_ok=("weight_scale",),
+    peers={"dequant+matmul": peers.dequant_matmul_fp8},  # the weight dequantized once, then F.linear  # a 0-d weight_scale is the per-tensor format
     # fp32: the products are exact; only the fp32 sum of K products rounds.  Case data are
     # N(0, 1) (y ~ sqrt(K) <= 64 at K = 4096); the measured worst error is 4.7e-5 at K = 4096
     # (fp32 fma path; 3.0e-5 with VDPBF16PS; <= 7e-6 at K <= 300): atol 1.5e-4 (~3x margin)

@@ -12,7 +12,7 @@ import torch
 
 from ..._registry import Case
 from ...quant import contract
-from ...testing import cases as C
+from ... import _cases as C
 from .ref import BLOCK
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

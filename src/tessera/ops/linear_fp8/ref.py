@@ -16,11 +16,10 @@ import torch.nn.functional as F
 
 from ...backends.reference import up
 from ...quant import contract
-from .._qlinear_int8.ref import activate  # the epilogue activations shared by the quantized linears
+from .._qlinear_int8.ref import ACTIVATIONS, activate  # noqa: F401  (the epilogue activations shared by the linears)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
 BLOCK = 128
 XQ = torch.float8_e4m3fn  # activations are always e4m3 (max 448): the finer mantissa
 
@@ -76,9 +75,17 @@ def linear_fp8_ref(x, weight, weight_scale, bias=None, activation=None):
 
 
 def linear_fp8_eager(x, weight, weight_scale, bias=None, activation=None):
-    """Plain PyTorch: dequantise the weight to x's dtype and ``F.linear`` (x is not quantised)."""
+    """Plain PyTorch in x's dtype: quantise x to e4m3 per token (per 128-wide K block with block
+    weight scales) exactly as the kernels do, dequantise both operands to x's dtype, ``F.linear``.
+    x is quantised so that the baseline's error is float rounding only, not e4m3's 3-bit-mantissa
+    activation noise (which the unquantised baseline made part of the fp16/bf16 allowance)."""
+    K = x.shape[-1]
+    block = scale_kind(weight_scale) == "block"
+    q, s = quantize_x(x.reshape(-1, K).float(), block)
+    s = s.repeat_interleave(BLOCK, 1)[:, :K] if block else s
+    xd = (q.float() * s).to(x.dtype).reshape(x.shape)
     w = dequantize_weight(weight, weight_scale, torch.float32).to(x.dtype)
-    y = F.linear(x, w, None if bias is None else bias.to(x.dtype))
+    y = F.linear(xd, w, None if bias is None else bias.to(x.dtype))
     return activate(y, activation)
 
 

@@ -128,8 +128,8 @@ def forward(x, weight, weight_scale, bias, activation):
     kind = {"tensor": 0, "row": 1, "block": 2}[scale_kind(weight_scale)]
     seg = BLOCK if kind == 2 else K
     KB = -(-K // seg)
-    q = torch.empty((M, K), dtype=torch.uint8, device=x.device)
-    sx = torch.empty((M, KB), dtype=torch.float32, device=x.device)
+    q = new_output((M, K), torch.uint8, x.device)       # kernel-written workspaces
+    sx = new_output((M, KB), torch.float32, x.device)
     bk = min(next_pow2(seg), 128 if kind == 2 else (4096 if interpreted() else 1024))
     _quant_x[(M, KB)](x, x.stride(0), q, sx, K, KB, seg, BLOCK_K=bk)
     mode = _mode(weight)

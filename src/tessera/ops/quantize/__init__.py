@@ -37,7 +37,7 @@ from torch import Tensor
 from ... import _checks
 from ..._library import direct, rows
 from ..._registry import Case, OpSpec, register_op, select
-from ...testing import cases as C
+from ... import _cases as C
 from .ref import QTYPES, grid, quantize2d
 
 OP = "quantize_blocks"

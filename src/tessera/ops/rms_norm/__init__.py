@@ -24,7 +24,7 @@ from torch import Tensor
 from ... import _checks
 from ..._library import direct, rows, shaped
 from ..._registry import Case, OpSpec, register_op, select
-from ...testing import cases as C
+from ... import _cases as C
 from .ref import rms_norm_eager, rms_norm_ref
 
 OP = "rms_norm"

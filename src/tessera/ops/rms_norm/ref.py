@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ...backends.reference import up
 
@@ -21,11 +22,13 @@ def rms_norm_ref(x, weight=None, eps=1e-6, residual=None):
 
 
 def rms_norm_eager(x, weight=None, eps=1e-6, residual=None):
-    """What a user writes in plain PyTorch, in the input dtype (the 2x-rule and bench baseline)."""
+    """What a user writes in plain PyTorch, in the input dtype (the 2x-rule and bench baseline):
+    ``F.rms_norm``, which keeps its statistics in fp32 for fp16/bf16 inputs as PyTorch's own
+    norms do.  (The hand-written ``h * rsqrt(h.pow(2).mean(-1) + eps)`` squares in fp16, so rows
+    near 65504 overflow to inf and come out as zeros: a baseline that broken made the 2x rule
+    admit an all-zero output.)"""
     h = x if residual is None else x + residual
-    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight
+    y = F.rms_norm(h, (h.shape[-1],), weight, eps)
     return y if residual is None else (y, h)
 
 

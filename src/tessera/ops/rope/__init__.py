@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct, shaped
+from ..._library import contiguous, direct, shaped
 from ..._registry import OpSpec, register_op, select
 from .cache import rope_cache
 from .ref import rope_eager, rope_ref
@@ -116,10 +116,10 @@ def _views(q, k, cos, sin, position_ids):
     """The kernel-module layout: 4-D q/k with unit last stride, (B, S) ids (broadcast by expand)."""
     def as4(t):
         t = t.unsqueeze(0) if t.dim() == 3 else t
-        return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+        return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else contiguous(t)
 
     def unit(t):
-        return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+        return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else contiguous(t)
 
     q4, k4 = as4(q), as4(k)
     pos = position_ids

@@ -28,7 +28,7 @@ from torch import Tensor
 from ... import _checks
 from ..._library import new_output, rows, direct
 from ..._registry import Case, OpSpec, register_op, select
-from ...testing import cases as C
+from ... import _cases as C
 from .ref import softmax_eager, softmax_ref
 
 OP = "softmax"
