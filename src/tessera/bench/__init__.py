@@ -11,7 +11,8 @@ machine's state):
    no-op ``custom_op`` (the dispatcher's floor), in microseconds;
 3. the matrix (:mod:`.runner`): ``bench_cases`` x dtype x fwd/bwd, tessera /
    eager / compile / peers and the row's own bandwidth ceiling interleaved (contenders: medians;
-   the ceiling: its best sample and its spread), read-bound rows rotating through copies of
+   the ceiling: the fast quartile of its samples for bandwidth, the best for a compute peak,
+   and its spread), read-bound rows rotating through copies of
    their inputs larger than the LLC;
 4. the NT copy again, so drift of the bandwidth during the run is visible;
 5. the report (:mod:`.report`): table on stdout, ``bench.json``, ``bench.png``.
@@ -82,7 +83,7 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
                  "threads": torch.get_num_threads(), "backends": list(backends),
                  "dtypes": [runner.dtype_name(d) for d in dtypes],
                  "timing": "contenders: median of interleaved samples after warm-up; compile/JIT excluded; "
-                           "bandwidth ceilings: best interleaved sample, spread (p90-p10)/median; compute "
+                           "bandwidth ceilings: fast quartile (p25 time) of interleaved samples, spread (p90-p10)/median; compute "
                            "ceilings: the register-only peak probe of the row's compute_dtype, likewise; read rows "
                            "rotate through copies of their inputs > 2x LLC",
                  "compile": "torch.compile(spec.eager, fullgraph=True, dynamic=False)"},
@@ -115,7 +116,7 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
     for line in rep.findings(report["rows"]):
         log(line)
     log(f"\nstart-of-run {roof['roofline']} {roof['gbps']:.2f} GB/s (after the run: {after['gbps']:.2f}); "
-        f"roof = the row's ceiling (memory rows: best interleaved sample of an NT copy of its bytes, "
+        f"roof = the row's ceiling (memory rows: fast quartile of interleaved samples of an NT copy of its bytes, "
         f"read rows: of a read pass over them, rotated past the LLC; compute rows: the register-only peak "
         f"of the row's arithmetic dtype, likewise), +-spread = (p90-p10)/median of the ceiling samples; "
         f"%roof = rate / roof; x eager / x compile = their time / tessera's (> 1: tessera faster)")

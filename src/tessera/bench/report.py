@@ -5,8 +5,8 @@ Derived per row (all from medians measured in the same run):
 * ``gbps``          -- ``bytes / median time`` (bytes from the op's roofline model:
   the bytes that must cross DRAM, read + written; 1 GB = 1e9 bytes);
 * ``gflops``        -- compute-bound ops (``OpSpec.bound == "compute"``): FLOPs / median time;
-* ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: the best interleaved
-  sample of an NT copy of the same bytes (memory rows) or of a read pass over them, rotated past
+* ``pct_roofline``  -- the rate / the row's own ceiling (``row["roof"]``: the fast quartile of the
+  interleaved samples of an NT copy of the same bytes (memory rows) or of a read pass over them, rotated past
   the LLC (read rows); for compute rows the register-only peak of the row's arithmetic dtype,
   ``OpSpec.compute_dtype``, timed likewise), with the ceiling's spread (p90 - p10) / median;
 * ``flags``         -- ``over ceiling``: a tessera rate above 100% of its ceiling by more than

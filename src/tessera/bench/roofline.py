@@ -23,8 +23,10 @@ Read-bound rows are DRAM rows: a GEMV's 8-16 MiB weight or a short KV cache fits
     L3 and would be read warm from cache on every call after the first.  ``rotation(nbytes)``
     is how many copies of a read-bound row's inputs the runner cycles through so that the
     copies together exceed twice the last-level cache (:func:`llc_bytes`); the row's read
-    ceiling cycles through as many buffers of the same bytes.  The ceiling's rate is its BEST
-    interleaved sample (its noise only ever slows it down) and its spread (p90 - p10) / median
+    ceiling cycles through as many buffers of the same bytes.  The ceiling's rate is the fast
+    quartile (25th-percentile time) of its interleaved samples: single samples of a DRAM-sized
+    copy ran up to ~2x the run's bandwidth probe on the shared VM, so the best alone moved
+    the denominator by tens of %; its spread (p90 - p10) / median
     is reported beside it; a memory row whose bytes fit in the LLC is marked cache-resident.
 
 Compute peaks (``compute_peaks`` in the header, best of several, and ``peak_callable``: the

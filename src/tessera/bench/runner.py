@@ -230,8 +230,9 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     else:
         calls = _bwd_callables(p, fns, kw, errors)
     # the row's own ceiling, timed in the same interleaved loop as the contenders (drift of the
-    # machine moves the ceiling and the op together), its best sample: memory/read rows a copy /
-    # read pass of their bytes, compute rows the register-only peak of their arithmetic's dtype
+    # machine moves the ceiling and the op together): memory/read rows a copy / read pass of their
+    # bytes (its fast quartile: timing.Timing.fast_quartile), compute rows the register-only peak
+    # of their arithmetic's dtype (its best sample: noise only ever slows a register loop)
     cdt = None
     if kind == "compute" and device.type == "cpu":
         cdt = p.spec.compute_dtype(kw) if callable(p.spec.compute_dtype) else p.spec.compute_dtype
@@ -259,14 +260,16 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
            # bytes a call touches that stay in the LLC between calls: a warm-cache number
            "cache_resident": kind != "compute" and nbytes * rot <= roofline.llc_bytes()}
     if ceiling is not None and roof_t is not None and roof_t.best:
-        # GB/s of the copy (read + written) or of the read pass: this row's denominator, the best
-        # of its interleaved samples; spread = (p90 - p10) / median of those samples
-        row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / roof_t.best / 1e9,
+        # GB/s of the copy (read + written) or of the read pass: this row's denominator, the fast
+        # quartile of its interleaved samples (a compute peak: the best); spread = (p90 - p10) /
+        # median of those samples
+        t_roof = roof_t.best if cdt is not None else roof_t.fast_quartile
+        row["roof"] = {"kind": ceiling[2], "rate": ceiling[1] / t_roof / 1e9,
                        "spread": None if roof_t.spread90 is None else round(roof_t.spread90, 3)}
         if cdt is not None:
             row["roof"]["dtype"] = cdt
     if layout_t is not None and layout_t.best:  # the op's bytes read plainly in its own layout
-        row["layout_roof"] = {"rate": nbytes / layout_t.best / 1e9,
+        row["layout_roof"] = {"rate": nbytes / layout_t.fast_quartile / 1e9,
                               "spread": None if layout_t.spread90 is None else round(layout_t.spread90, 3)}
     for name in fns:
         t = res.get(name)

@@ -59,6 +59,16 @@ class Timing:
         return min(self.samples) if self.samples else None
 
     @property
+    def fast_quartile(self) -> float | None:
+        """The 25th-percentile sample (the best one under 4 samples): a bandwidth ceiling's
+        estimate.  Noise mostly slows a copy down, but on this shared VM single samples of a
+        DRAM-sized copy also ran up to ~2x the run's bandwidth probe, so the fastest one alone
+        is not a stable denominator; the fast quartile is robust to both kinds of outlier."""
+        if len(self.samples) < 4:
+            return self.best
+        return statistics.quantiles(self.samples, n=4, method="inclusive")[0]
+
+    @property
     def spread90(self) -> float | None:
         """(p90 - p10) / median, the spread reported beside a ceiling (None under 3 samples)."""
         if len(self.samples) < 3:
