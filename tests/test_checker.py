@@ -174,12 +174,9 @@ def test_bf16_error_of_4x_eager_is_caught(spec, case, monkeypatch):
     assert not r.ok, f"a bf16 error of 4x the eager error ({4 * lp_err:.3g}) went unnoticed"
 
 
-@pytest.mark.parametrize("spec,case", _params())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wrong_gradient_is_caught(spec, case, dtype, monkeypatch):
-    if not spec.grad_inputs:
-        pytest.skip("op has no gradients")
-    _control(spec, dtype, case)
+def _backward_outputs(spec, dtype, case, monkeypatch):
+    """(cpu kernel module, its unpatched backward, indices of the tensors that backward returns),
+    from one probing run of the unplanted cell (which must pass)."""
     mod = _cpu_module(spec)
     orig = mod.backward
     seen = []
@@ -192,7 +189,17 @@ def test_wrong_gradient_is_caught(spec, case, dtype, monkeypatch):
     monkeypatch.setattr(mod, "backward", probe)
     assert run_case(spec, "cpu", dtype, case).ok
     assert seen, "the backward kernel was never called"
-    for i in seen[0]:
+    return mod, orig, seen[0]
+
+
+@pytest.mark.parametrize("spec,case", _params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wrong_gradient_is_caught(spec, case, dtype, monkeypatch):
+    if not spec.grad_inputs:
+        pytest.skip("op has no gradients")
+    _control(spec, dtype, case)
+    mod, orig, outs = _backward_outputs(spec, dtype, case, monkeypatch)
+    for i in outs:
         def backward(*a, _i=i, **k):
             def wrong(g):
                 g = g.clone()
@@ -347,19 +354,8 @@ def test_unwritten_gradient_element_is_caught(spec, case, monkeypatch):
     if not spec.grad_inputs:
         pytest.skip("op has no gradients")
     _control(spec, torch.float32, case)
-    mod = _cpu_module(spec)
-    orig = mod.backward
-    seen = []
-
-    def probe(*a, **k):
-        out = orig(*a, **k)
-        seen.append(_tensor_indices(out))
-        return out
-
-    monkeypatch.setattr(mod, "backward", probe)
-    assert run_case(spec, "cpu", torch.float32, case).ok
-    assert seen, "the backward kernel was never called"
-    for i in seen[0]:
+    mod, orig, outs = _backward_outputs(spec, torch.float32, case, monkeypatch)
+    for i in outs:
         def backward(*a, _i=i, **k):
             def drop_last(g):
                 fresh = new_output(g.shape, g.dtype, g.device)   # poisoned by run_case, backward too

@@ -110,6 +110,11 @@ def _ort_session(kw, accuracy_level: int):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
     opts.inter_op_num_threads = 1
+    # no spinning: ORT's pool otherwise busy-waits for ms after each call, and a read-bound row
+    # builds one session per rotation copy (up to 8 pools): on 2 cores they stole the core from the
+    # contenders and the ceiling timed after them (spreads of +-100-500% in 2026-12-04-cpu's first
+    # fresh-clone run).  Each sample's untimed first call absorbs the pool's wake-up instead.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     a = np.ascontiguousarray(x.numpy())
     return lambda: _epilogue(kw, torch.from_numpy(sess.run(None, {"A": a})[0]))
