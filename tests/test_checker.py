@@ -367,3 +367,20 @@ def test_unwritten_gradient_element_is_caught(spec, case, monkeypatch):
         r = run_case(spec, "cpu", torch.float32, case)
         assert not r.ok, f"an unwritten element of backward output {i} went unnoticed"
         assert "grad" in r.why and ("non-finite" in r.why or "NaN" in r.why), r.why
+
+
+def test_fp32_rule_with_an_eager_baseline_is_the_fuzz_fallback():
+    """The fuzz passes fp32 eager for ill-conditioned draws: an error past the fp32 defaults passes
+    only within 2x torch fp32's own error, and a zeroed output still fails at the cap."""
+    ref = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    off = ref.float().clone()
+    off[0] += 1e-4                                              # past atol 1e-5 + rtol*|ref|
+    assert not tolerance.compare(off, ref, None, torch.float32).ok
+    lp = ref.float().clone()
+    lp[1] += 6e-5                                               # torch fp32 is itself off by 6e-5
+    assert tolerance.compare(off, ref, lp, torch.float32).ok    # 1e-4 <= 2 x 6e-5
+    worse = ref.float().clone()
+    worse[0] += 2e-4
+    assert not tolerance.compare(worse, ref, lp, torch.float32).ok
+    broken = torch.zeros(3)                                     # an eager that returns zeros ...
+    assert not tolerance.compare(torch.zeros(3), ref, broken, torch.float32).ok  # ... admits no zeros

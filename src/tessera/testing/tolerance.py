@@ -3,6 +3,11 @@
 * fp32: elementwise ``|out - ref64| <= atol + rtol * |ref64|`` with
   ``torch.testing.assert_close``'s fp32 defaults (rtol 1.3e-6, atol 1e-5), loosened
   only through an op spec's written override.
+  The hypothesis fuzz alone also passes the fp32 eager baseline: its random draws can be
+  arbitrarily ill-conditioned (layer_norm's gradient over a row of 2 nearly equal values: plain
+  torch fp32 is off by 3.5e-3 there), so an fp32 element passes under either the defaults or the
+  low-precision rule below applied in fp32 (min(2 x torch-fp32 error, cap) + 1 ulp).  The
+  matrix's fixed cases and the planted-bug tests keep the strict defaults.
 * fp16 / bf16, elementwise at every position i where the reference is finite::
 
       |out_i - ref64_i| <= min(2 * E, cap) + eps * |ref64_i| + tiny
@@ -114,22 +119,25 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor | None,
     err = float(diff.max())
     if dtype == torch.float32 or dtype == torch.float64:
         rtol, atol = tol if tol is not None else (FP32_RTOL, FP32_ATOL)
-        excess = diff - (atol + rtol * r.abs()[fin])
+        allowed = atol + rtol * r.abs()[fin]
+        extra = ""
+        if ref_lp is not None:
+            # only the fuzz passes an fp32 eager (module docstring): its draws may be arbitrarily
+            # ill-conditioned, so the low-precision rule in fp32 is allowed beside the defaults
+            lp_allow = _lp_allowance(ref_lp, r, fin, dtype)
+            allowed = torch.maximum(allowed, lp_allow)
+            extra = " (nor min(2 x torch-fp32 err, cap) + 1 ulp)"
+        excess = diff - allowed
         worst = float(excess.max())
         ok = worst <= 0
-        return Verdict(ok, err, atol, "" if ok else f"max abs err {err:.3g} exceeds atol {atol:g} + rtol {rtol:g}*|ref|")
+        return Verdict(ok, err, atol, "" if ok else
+                       f"max abs err {err:.3g} exceeds atol {atol:g} + rtol {rtol:g}*|ref|{extra}")
     # low precision (module docstring): min(2 x the error of plain PyTorch in the same dtype, a cap
     # relative to the tensor's largest reference value) + about one ulp of each element's own value
     finfo = torch.finfo(dtype)
     ra = r.abs()[fin]
     floor = finfo.eps * ra + float(finfo.tiny)
-    lp_err = 0.0
-    if ref_lp is not None:
-        lpd = ref_lp.detach().double().cpu()
-        m = fin & torch.isfinite(lpd)      # a NaN/inf eager position gives no allowance
-        if m.any():
-            lp_err = float((lpd - r).abs()[m].max())
-    cap = max(CAP_REL * float(ra.max()), ZERO_LEVEL)
+    lp_err, cap = _eager_error(ref_lp, r, fin)
     allow = min(2 * lp_err, cap)
     excess = diff - (allow + floor)
     ok = float(excess.max()) <= 0
@@ -138,3 +146,21 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor | None,
     return Verdict(ok, err, bound, "" if ok else
                    f"max abs err {err:.3g} > min(2 x torch-{dtype} err {lp_err:.3g}, cap {cap:.3g}){capped} "
                    "+ 1 ulp of the reference")
+
+
+def _eager_error(ref_lp, r: torch.Tensor, fin: torch.Tensor) -> tuple[float, float]:
+    """(E, cap) of the low-precision rule: eager's largest error where it is finite, and the cap."""
+    lp_err = 0.0
+    if ref_lp is not None:
+        lpd = ref_lp.detach().double().cpu()
+        m = fin & torch.isfinite(lpd)      # a NaN/inf eager position gives no allowance
+        if m.any():
+            lp_err = float((lpd - r).abs()[m].max())
+    return lp_err, max(CAP_REL * float(r.abs()[fin].max()), ZERO_LEVEL)
+
+
+def _lp_allowance(ref_lp, r: torch.Tensor, fin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per finite element: min(2 E, cap) + eps |ref| + tiny, the low-precision rule's allowance."""
+    lp_err, cap = _eager_error(ref_lp, r, fin)
+    finfo = torch.finfo(dtype)
+    return min(2 * lp_err, cap) + finfo.eps * r.abs()[fin] + float(finfo.tiny)
