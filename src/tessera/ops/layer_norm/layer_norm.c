@@ -156,14 +156,18 @@ ROWS bwd_rows(const char *dy, int64_t sdy, const char *dh_out, int64_t sdh, cons
         const char *dyn = dyr + step * sdy * es, *hn = hr + step * sh * es;
         const float cx = r * mgx;
         const tsr_v16 nmg = (tsr_v16){0} - mg;
+        /* a row of one element: xhat == 0 and g - mean(g) == 0 exactly, so dx is dh_out alone.
+         * The formula below would give fma(dy, w, -round(dy * w)) * rstd instead: the rounding
+         * error of dy * w (the contracted product is exact) times rstd = 1/sqrt(eps), ~1e-5. */
+        const float rx = N == 1 ? 0.0f : r;
         TSR_FOR_BLOCKS(j, N, {
             tsr_prefetch_l2(dyn + j * es, 32 * es);
             tsr_prefetch_l2(hn + j * es, 32 * es);
             tsr_blk d = tsr_blk_load(dyr, j, N, dtype, 0.0f, tail);
             tsr_blk xh = tsr_blk_load(hr, j, N, dtype, mu, tail);
             tsr_blk wb = tsr_blk_load(w, j, N, TSR_F32, 1.0f, tail);
-            d.lo = r * (tsr_v16_fma(d.lo, wb.lo, nmg) - (xh.lo - mu) * cx);
-            d.hi = r * (tsr_v16_fma(d.hi, wb.hi, nmg) - (xh.hi - mu) * cx);
+            d.lo = rx * (tsr_v16_fma(d.lo, wb.lo, nmg) - (xh.lo - mu) * cx);
+            d.hi = rx * (tsr_v16_fma(d.hi, wb.hi, nmg) - (xh.hi - mu) * cx);
             if (has_dh) {
                 tsr_blk e = tsr_blk_load(dhr, j, N, dtype, 0.0f, tail);
                 d.lo += e.lo; d.hi += e.hi;
