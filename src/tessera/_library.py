@@ -80,7 +80,7 @@ def rows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(1, 1)
     n = t.shape[-1]
     if t.stride(-1) != 1 and n > 1:
-        t = t.contiguous() if _PLACE[0] is None else _placed_copy(t)
+        t = contiguous(t)
     if t.dim() == 1:
         return t.unsqueeze(0)
     if t.dim() == 2 and n:  # already a row view (what view(-1, n) would return, ~1.6 us less)
@@ -88,7 +88,7 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     try:
         return t.view(-1, n)
     except RuntimeError:
-        return (t.contiguous() if _PLACE[0] is None else _placed_copy(t)).view(-1, n)
+        return contiguous(t).view(-1, n)
 
 
 def as_fp32_param(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -103,8 +103,10 @@ def as_fp32_param(t: torch.Tensor | None) -> torch.Tensor | None:
 def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     """``t.contiguous()`` for the glue (weights, scales, saved statistics handed to a kernel): a
     copy, when one is needed, comes from the placement hook under test like :func:`rows`'."""
-    if t is None or _PLACE[0] is None or t.is_contiguous():
-        return None if t is None else t.contiguous()
+    if t is None:
+        return None
+    if _PLACE[0] is None or t.is_contiguous():
+        return t.contiguous()
     return _placed_copy(t)
 
 

@@ -67,7 +67,7 @@ def fenced_empty(shape, dtype: torch.dtype, device, side: str = "end") -> torch.
         numel *= n
     if torch.device(device).type != "cpu" or numel == 0:
         return torch.empty(shape, dtype=dtype, device=device)
-    return _mapping(numel * torch.empty((), dtype=dtype).element_size(), side).view(dtype).view(shape)
+    return _mapping(numel * dtype.itemsize, side).view(dtype).view(shape)
 
 
 def fenced(t, side: str = "end"):
