@@ -17,8 +17,8 @@ interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
   moving the row's byte count (read + written); read-bound ops (``"read"``: a KV cache,
   a GEMV's weight): a read-only pass over the row's bytes (see
   :func:`roofline.ceiling_callable`).  Bandwidth on a shared VM drifts by tens of percent
-  within minutes, so each row carries its own, timed in its loop: its BEST sample is the
-  ceiling, (p90 - p10) / median its spread.  Compute-bound ops: the register-only peak probe
+  within minutes, so each row carries its own, timed in its loop: the fast quartile of its
+  samples is the ceiling, (p90 - p10) / median its spread.  Compute-bound ops: the register-only peak probe
   of ``spec.compute_dtype`` (fp32 FMA / bf16 VDPBF16PS / int8 VPDPBUSD / AMX), likewise;
 * DRAM, not cache -- read-bound forward rows whose bytes fit the LLC cycle every contender,
   peer and the ceiling through ``roofline.rotation(bytes)`` copies of the inputs (together
