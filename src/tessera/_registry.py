@@ -31,7 +31,7 @@ import torch
 
 from . import _env
 
-BACKENDS = ("reference", "cpu", "triton")
+BACKENDS = ("reference", "cpu", "triton", "opencl")
 _override: contextvars.ContextVar[str] = contextvars.ContextVar("tessera_backend", default="")
 
 
@@ -138,7 +138,25 @@ def backend_available(name: str, device: torch.device) -> tuple[bool, str]:
     if name == "triton":
         from .backends import triton as _tr
         return _tr.available(device)
+    if name == "opencl":
+        from .backends import opencl as _ocl
+        return _ocl.available(device)
     return False, f"unknown backend {name!r}; expected one of {BACKENDS}"
+
+
+def forward_only(op: str, backend: str):
+    """The ``backward`` of a kernel module that has no backward kernel yet (``BACKWARD = False``):
+    a differentiable call on that backend raises BackendError instead of returning anything."""
+    def backward(*args, **kwargs):
+        raise BackendError(f"tessera.{op}: backend {backend!r} has only a forward kernel for {op}; "
+                           f"its gradient is not implemented there (use the cpu or triton backend to train)")
+    return backward
+
+
+def has_backward(spec: OpSpec, backend: str) -> bool:
+    """False for a kernel module that declares ``BACKWARD = False`` (forward-only on that backend)."""
+    mod = kernel_module(spec, backend)
+    return mod is not None and getattr(mod, "BACKWARD", True)
 
 
 def kernel_module(spec: OpSpec, backend: str):

@@ -1,0 +1,359 @@
+"""OpenCL backend: edge GPUs / DSPs (Mali, Adreno, PowerVR, vendors' own), verified on PoCL.
+
+Runtime surface, tinygrad-sized: pick a device, build (and cache) a program, wrap a tensor's
+memory as a buffer, launch.  Kernels are OpenCL C 1.2 files beside each op (``ops/<op>/*.cl``)
+that include only ``csrc/opencl/tessera_cl.h``; launchers (``ops/<op>/opencl.py``) touch torch.
+
+Memory model: zero-copy host memory.  Edge GPUs share DRAM with the CPU, so the backend runs
+on CPU torch tensors and hands the kernels buffers created *over their memory*
+(``CL_MEM_USE_HOST_PTR``), never copies in and out.  A buffer covers exactly the bytes a
+tensor view spans (first to last element), so a runtime that chose to copy (the spec allows
+it for USE_HOST_PTR) could not read or write outside the view.  After a kernel, each written
+buffer is mapped and unmapped: with a zero-copy runtime (PoCL, and drivers that honour
+USE_HOST_PTR on unified memory: Mali, Adreno) that is a no-op; with a copying runtime it is
+the write-back the spec requires before the host may read ``host_ptr``.  So results are
+correct either way and the cost of a copying device shows up in the benchmark, not as a bug.
+Row views follow the cpu backend's rules: unit inner stride, any row stride (0 = broadcast).
+
+Device choice: ``TESSERA_OPENCL_DEVICE`` = ``"P:D"`` (platform and device index), ``"N"``
+(index in the flat list ``tessera info`` prints) or a case-insensitive substring of
+"platform / device" names.  Default: the first GPU, else the first other device that is not
+the Oclgrind simulator (Oclgrind checks races and out-of-bounds accesses; it is chosen only by
+name, by the marked test that runs every kernel under it).
+
+Extensions: ``cl_khr_fp16`` arithmetic is used where the device has it (``TSR_HAS_FP16``),
+otherwise fp16 is storage only (``vload_half``/``vstore_half_rte``, what PoCL offers);
+bf16 is always storage (ushort) with round-to-nearest-even by integer arithmetic.
+``TESSERA_OPENCL_PORTABLE=1`` forces the portable path everywhere (tests run both).
+
+Programs are built once per (source, options, device) and their binaries cached on disk
+under ``<jit cache>/opencl``, keyed by a hash of the sources and headers, the build options
+and the device/driver strings, written under a file lock with an atomic rename, as the C JIT
+does (a PoCL build takes ~1 s cold).
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .. import _env, _jit
+
+CL_SRC = Path(__file__).resolve().parent.parent / "csrc" / "opencl"
+# dtype codes shared with csrc/opencl/tessera_cl.h (the same as the cpu backend's)
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+@functools.lru_cache(maxsize=None)
+def _importable() -> bool:
+    return importlib.util.find_spec("pyopencl") is not None
+
+
+def _cl():
+    import pyopencl as cl  # only on first use: `import tessera` initialises no device
+    return cl
+
+
+@functools.lru_cache(maxsize=None)
+def devices() -> list[tuple[str, object, object]]:
+    """Every OpenCL device on this machine: [(label, platform, device)], in a stable order."""
+    if not _importable():
+        return []
+    cl = _cl()
+    try:
+        plats = cl.get_platforms()
+    except cl.Error:  # an ICD loader with no platform raises instead of returning []
+        return []
+    out = []
+    for pi, p in enumerate(plats):
+        try:
+            devs = p.get_devices()
+        except cl.Error:
+            continue
+        for di, d in enumerate(devs):
+            out.append((f"{pi}:{di} {p.name.strip()} / {d.name.strip()}", p, d))
+    return out
+
+
+def _pick(spec: str):
+    devs = devices()
+    if not devs:
+        return None, ("no OpenCL platform/device found (pip install 'tessera[opencl]' brings pyopencl and "
+                      "PoCL; a device's vendor driver registers itself with the ICD loader)")
+    if spec:
+        for i, (label, _, _) in enumerate(devs):
+            if spec == str(i) or label.startswith(spec + " ") or spec.lower() in label.lower():
+                return devs[i], ""
+        return None, (f"TESSERA_OPENCL_DEVICE={spec!r} matches no device; devices: "
+                      + "; ".join(label for label, _, _ in devs))
+    cl = _cl()
+    usable = [d for d in devs if "oclgrind" not in d[0].lower()]
+    gpus = [d for d in usable if d[2].type & cl.device_type.GPU]
+    if gpus or usable:
+        return (gpus or usable)[0], ""
+    return None, "the only OpenCL device is the Oclgrind simulator; select it with TESSERA_OPENCL_DEVICE=oclgrind"
+
+
+class Runtime:
+    """One device's context, in-order queue, capabilities and program memo."""
+
+    def __init__(self, label: str, platform, device):
+        cl = _cl()
+        self.label, self.platform, self.device = label, platform, device
+        self.ctx = cl.Context([device])
+        self.queue = cl.CommandQueue(self.ctx, device)
+        self.extensions = frozenset(device.extensions.split())
+        self.fp16 = "cl_khr_fp16" in self.extensions
+        self.max_wg = int(device.max_work_group_size)
+        self.key = "|".join([platform.name, platform.version, device.name, device.version,
+                             device.driver_version, device.opencl_c_version])
+        self.programs: dict[tuple, object] = {}
+        self._zero_copy: bool | None = None
+
+    @property
+    def zero_copy(self) -> bool:
+        """Does a kernel's write to a USE_HOST_PTR buffer land in host memory without a map?
+
+        Probed once per device on an unaligned view (the worst case for a driver that only
+        shares aligned allocations).  True on PoCL's CPU device and on unified-memory GPUs that
+        honour USE_HOST_PTR; when False every launch maps its written buffers back (a copy)."""
+        if self._zero_copy is None:
+            import numpy as np
+            cl = _cl()
+            host = np.zeros(67, dtype=np.float32)
+            view = host[3:]
+            prg = cl.Program(self.ctx, "__kernel void tsr_probe(__global float *y) "
+                                       "{ y[get_global_id(0)] = 42.0f; }").build()
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=view)
+            prg.tsr_probe(self.queue, (64,), None, buf)
+            self.queue.finish()
+            self._zero_copy = bool((view == 42.0).all() and (host[:3] == 0).all())
+            if not self._zero_copy:  # leave the probe's buffer consistent before it is released
+                arr, _ = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ, 0, (256,), np.uint8)
+                arr.base.release(self.queue)
+        return self._zero_copy
+
+
+_runtimes: dict[str, Runtime] = {}
+
+
+def runtime() -> Runtime:
+    spec = _env.get("TESSERA_OPENCL_DEVICE")
+    rt = _runtimes.get(spec)
+    if rt is None:
+        dev, why = _pick(spec)
+        if dev is None:
+            raise RuntimeError(f"tessera opencl backend: {why}")
+        rt = _runtimes[spec] = Runtime(*dev)
+    return rt
+
+
+def available(device: torch.device) -> tuple[bool, str]:
+    if device.type != "cpu":
+        return False, (f"the opencl backend runs on CPU tensors (zero-copy host memory shared with the "
+                       f"OpenCL device), got device {device}")
+    if not _importable():
+        return False, "pyopencl is not installed (pip install 'tessera[opencl]')"
+    dev, why = _pick(_env.get("TESSERA_OPENCL_DEVICE"))
+    return (dev is not None), why
+
+
+def portable() -> bool:
+    """True when kernels must not use optional extensions (forced by TESSERA_OPENCL_PORTABLE=1)."""
+    return _env.get("TESSERA_OPENCL_PORTABLE") == "1"
+
+
+# ----------------------------------------------------------------------------- programs
+
+def _source_hash(source: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(CL_SRC.glob("*.h")) + sorted(source.parent.glob("*.h")) + [source]:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+_hashes: dict[Path, str] = {}
+
+
+def program(source: Path, defines: dict | None = None):
+    """The built program of ``source`` with ``-D`` ``defines`` for the current device.
+
+    Memoised per process; binaries are cached on disk (see the module docstring)."""
+    rt = runtime()
+    defs = dict(defines or {})
+    defs["TSR_HAS_FP16"] = int(rt.fp16 and not portable())
+    opts = ["-cl-std=CL1.2", "-I", str(CL_SRC)] + [f"-D{k}={v}" for k, v in sorted(defs.items())]
+    memo = (source, tuple(opts))
+    prg = rt.programs.get(memo)
+    if prg is None:
+        prg = rt.programs[memo] = _build(rt, source, opts)
+    return prg
+
+
+def _build(rt: Runtime, source: Path, opts: list[str]):
+    cl = _cl()
+    digest = _hashes.get(source)
+    if digest is None:
+        digest = _hashes[source] = _source_hash(source)
+    key = hashlib.sha256("\0".join([digest, " ".join(opts), rt.key]).encode()).hexdigest()[:20]
+    root = _jit.cache_dir() / "opencl"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{source.stem}-{key}.bin"
+    if target.exists():
+        prg = _from_binary(rt, target.read_bytes(), opts)
+        if prg is not None:
+            return prg
+    with open(root / f"{source.stem}-{key}.lock", "w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        try:
+            if target.exists():
+                prg = _from_binary(rt, target.read_bytes(), opts)
+                if prg is not None:
+                    return prg
+            prg = cl.Program(rt.ctx, source.read_text())
+            try:
+                prg.build(options=opts)
+            except cl.RuntimeError as e:
+                raise _jit.BuildError(f"building OpenCL program {source.name} for {rt.label} failed "
+                                      f"(options {' '.join(opts)}):\n{e}") from None
+            binary = prg.get_info(cl.program_info.BINARIES)[0]
+            if binary:
+                fd, tmp = tempfile.mkstemp(suffix=".bin", dir=root)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(binary)
+                os.replace(tmp, target)  # atomic: no reader sees half a binary
+            return prg
+        finally:
+            fcntl.flock(lockf, fcntl.LOCK_UN)
+
+
+def _from_binary(rt: Runtime, binary: bytes, opts: list[str]):
+    cl = _cl()
+    try:
+        prg = cl.Program(rt.ctx, [rt.device], [binary])
+        prg.build(options=opts)
+        return prg
+    except cl.Error:
+        return None  # a stale or foreign binary: rebuild from source
+
+
+# ----------------------------------------------------------------------------- buffers, launch
+
+def span_bytes(t: torch.Tensor) -> int:
+    """Bytes from a view's first element to the end of its last one (0 for an empty tensor)."""
+    if t.numel() == 0:
+        return 0
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+    return (last + 1) * t.element_size()
+
+
+def buffer(t: torch.Tensor | None):
+    """A zero-copy buffer over exactly the memory of view ``t`` (None -> a 1-byte dummy buffer,
+    for optional arguments the kernel is told to ignore: OpenCL has no null buffer argument)."""
+    cl = _cl()
+    rt = runtime()
+    if t is None or t.numel() == 0:
+        return _dummy(rt)
+    if t.device.type != "cpu":
+        raise ValueError(f"tessera opencl backend: tensors must be on the CPU (shared memory), got {t.device}")
+    n = span_bytes(t)
+    host = (ctypes.c_char * n).from_address(t.data_ptr())
+    return cl.Buffer(rt.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
+
+
+def _dummy(rt: Runtime):
+    b = getattr(rt, "_dummy", None)
+    if b is None:
+        cl = _cl()
+        b = rt._dummy = cl.Buffer(rt.ctx, cl.mem_flags.READ_WRITE, 16)
+    return b
+
+
+def kernel(prg, name: str):
+    """A kernel object, memoised on the program (clCreateKernel per call costs ~10 us)."""
+    cache = prg.__dict__.setdefault("_tsr_kernels", {}) if hasattr(prg, "__dict__") else {}
+    k = cache.get(name)
+    if k is None:
+        k = cache[name] = getattr(prg, name)
+    return k
+
+
+def launch(prg, name: str, global_size, local_size, args, written=()):
+    """Run kernel ``name`` over ``global_size`` (work-group ``local_size`` or None) and make the
+    buffers in ``written`` visible to the host (map + unmap: free when zero-copy)."""
+    cl = _cl()
+    rt = runtime()
+    k = kernel(prg, name)
+    k.set_args(*args)
+    cl.enqueue_nd_range_kernel(rt.queue, k, tuple(global_size), None if local_size is None else tuple(local_size))
+    if not rt.zero_copy:
+        for b in written:
+            if b is not None:
+                arr, _ = cl.enqueue_map_buffer(rt.queue, b, cl.map_flags.READ, 0, (b.size,), "uint8")
+                arr.base.release(rt.queue)  # unmap: the host copy is now current
+    rt.queue.finish()
+
+
+def i64(v: int):
+    import numpy as np
+    return np.int64(v)
+
+
+def i32(v: int):
+    import numpy as np
+    return np.int32(v)
+
+
+def f32(v: float):
+    import numpy as np
+    return np.float32(v)
+
+
+def round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def describe() -> dict:
+    info = {"installed": _importable(), "devices": [], "selected": None, "portable": portable()}
+    for label, p, d in devices():
+        info["devices"].append({"label": label, "opencl_c": d.opencl_c_version.strip(),
+                                "version": d.version.strip(), "unified_memory": bool(d.host_unified_memory),
+                                "compute_units": int(d.max_compute_units),
+                                "extensions": sorted(e for e in d.extensions.split()
+                                                     if e in ("cl_khr_fp16", "cl_khr_fp64", "cl_khr_subgroups",
+                                                              "cl_khr_integer_dot_product",
+                                                              "cl_intel_subgroups", "cl_khr_int64_base_atomics"))})
+    dev, why = _pick(_env.get("TESSERA_OPENCL_DEVICE")) if info["installed"] else (None, "pyopencl not installed")
+    info["selected"] = dev[0] if dev else None
+    info["why_not"] = why
+    return info
+
+
+def local_floats(n: int):
+    """A ``__local float[n]`` kernel argument (work-group scratch)."""
+    return _cl().LocalMemory(4 * n)
+
+
+def row_local_size(n: int) -> int:
+    """Work-group size for a one-group-per-row kernel: a power of two, at most 256 and the device's
+    limit, and no wider than the row needs (a row of 7 gets 8 work-items, not 256 idle ones)."""
+    cap = min(256, runtime().max_wg)
+    L = 1
+    while L < cap and L < n:
+        L <<= 1
+    return max(L, 1)
+
+
+def row_groups(m: int) -> int:
+    """Work-groups for a kernel that walks blocks of rows and keeps per-group partial sums (a
+    parameter gradient): enough to fill the device, few enough that the partials stay small."""
+    cu = int(runtime().device.max_compute_units)
+    return max(1, min(m, 8 * cu, 256))
