@@ -18,6 +18,8 @@ import tessera
 from tessera import _registry
 
 SKIP_TAGS = {"large", "extreme", "empty", "layout"}
+# the native backends that run here (cpu; opencl where a device is found; triton under the interpreter)
+NATIVE = _registry.native_backends()
 
 
 def _small_case(spec, dtype=None):
@@ -40,7 +42,7 @@ def spied(request, clean_selection):
     """(spec, kwargs, calls): calls collects the backend name of every forward kernel run."""
     spec = tessera.OPS[request.param]
     calls: list[str] = []
-    for backend in ("cpu", "reference"):
+    for backend in [b for b in ("reference",) + NATIVE if b in spec.kernels]:
         mod = importlib.import_module(spec.kernels[backend])
         orig = mod.forward
 
@@ -62,6 +64,21 @@ def _ran(spied, **kw):
 
 def test_device_default_is_cpu(spied):
     assert _ran(spied) == "cpu"
+
+
+def test_every_native_backend_runs_when_asked(spied, monkeypatch):
+    """Each native backend with a kernel for the op runs that kernel when asked for by argument,
+    ``use_backend`` or TESSERA_BACKEND; automatic selection on CPU tensors stays ``cpu`` (opencl
+    and the triton interpreter are never picked without being asked for)."""
+    spec = spied[0]
+    for b in [b for b in NATIVE if b in spec.kernels]:
+        assert _ran(spied, backend=b) == b
+        with tessera.use_backend(b):
+            assert _ran(spied) == b
+        monkeypatch.setenv("TESSERA_BACKEND", b)
+        assert _ran(spied) == b
+        monkeypatch.delenv("TESSERA_BACKEND")
+        assert _ran(spied) == "cpu"
 
 
 def test_env_overrides_default(spied, monkeypatch):
@@ -132,29 +149,40 @@ def test_unknown_names_rejected(clean_selection):
             spec.fn(**kw)
 
 
-@pytest.mark.parametrize("name", sorted(tessera.OPS))
-def test_explicit_unsupported_dtype_raises(name, clean_selection):
+def _with_kernel():
+    return [pytest.param(n, b, id=f"{n}-{b}") for n in sorted(tessera.OPS) for b in NATIVE
+            if b in tessera.OPS[n].kernels]
+
+
+@pytest.mark.parametrize("name,backend", _with_kernel())
+def test_explicit_unsupported_dtype_raises(name, backend, clean_selection):
     """A backend lacking a dtype: explicit requests raise; auto selection raises too (no fallback)."""
     spec = tessera.OPS[name]
-    mod = importlib.import_module(spec.kernels["cpu"])
+    mod = importlib.import_module(spec.kernels[backend])
     # float ops lose bf16; integer ops (int_mm: int8, int16) lose their last dtype
     drop = torch.bfloat16 if torch.bfloat16 in spec.dtypes else spec.dtypes[-1]
     clean_selection.setattr(mod, "DTYPES", tuple(d for d in mod.DTYPES if d != drop))
     kw = _small_case(spec, drop)  # the case's own inputs in that dtype (scales etc. keep theirs)
-    for how in ({"backend": "cpu"}, {}):
+    # (automatic selection on CPU tensors is the cpu backend's: it raises only when cpu lacks the dtype)
+    for how in ({"backend": backend},) + (({},) if backend == "cpu" else ()):
         with pytest.raises(tessera.BackendError, match=str(drop).replace("torch.", "")):
             spec.fn(**kw, **how)
-    with tessera.use_backend("cpu"), pytest.raises(tessera.BackendError, match="cpu"):
+    with tessera.use_backend(backend), pytest.raises(tessera.BackendError, match=backend):
         spec.fn(**kw)
     spec.fn(**kw, backend="reference")       # an explicit reference request still works
 
 
+@pytest.mark.parametrize("backend", NATIVE)
 @pytest.mark.parametrize("name", sorted(tessera.OPS))
-def test_explicit_backend_without_kernel_raises(name, clean_selection):
+def test_explicit_backend_without_kernel_raises(name, backend, clean_selection):
+    """An explicit request for a backend that has no kernel for the op (an op no opencl kernel was
+    written for yet; here every op, its entry removed): BackendError naming the backend, no fallback."""
     spec = tessera.OPS[name]
-    clean_selection.setattr(spec, "kernels", {k: v for k, v in spec.kernels.items() if k != "cpu"})
-    with pytest.raises(tessera.BackendError, match="no kernel"):
-        spec.fn(**_small_case(spec), backend="cpu")
+    clean_selection.setattr(spec, "kernels", {k: v for k, v in spec.kernels.items() if k != backend})
+    with pytest.raises(tessera.BackendError, match=f"'{backend}'.*no kernel"):
+        spec.fn(**_small_case(spec), backend=backend)
+    with tessera.use_backend(backend), pytest.raises(tessera.BackendError, match="no kernel"):
+        spec.fn(**_small_case(spec))
 
 
 def test_no_compiler_falls_back_to_reference_with_warning(clean_selection):
@@ -175,7 +203,7 @@ def test_no_compiler_falls_back_to_reference_with_warning(clean_selection):
 
 def test_select_returns_kernel_modules(clean_selection):
     for name, spec in tessera.OPS.items():
-        for b in ("cpu", "reference"):
+        for b in [b for b in ("reference",) + NATIVE if b in spec.kernels]:
             mod = _registry.select(spec, torch.device("cpu"), spec.dtypes[0], b)
             assert mod.__name__ == spec.kernels[b]
             # inference-only ops (no grad_inputs) need no backward kernel

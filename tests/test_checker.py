@@ -15,6 +15,11 @@ failed:
 
 Each planted run is paired with the unpatched control on the same case, which
 must pass.  The tolerance helper's own edge rules are unit-tested at the end.
+
+(a) and (c) and the unwritten gradient element (the poison must reach every buffer a backend's
+launcher allocates, forward and backward) run on every native backend that runs here with a
+kernel for the op (cpu, opencl; not the Triton interpreter, too slow for every planted bug);
+the tolerance probes (b), (d), (e), (f) judge an output whatever computed it and run on cpu.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import torch
 
 import tessera
 from tessera._library import new_output
+from tessera._registry import has_backward, kernel_module, native_backends
 from tessera.testing import tolerance
 from tessera.testing.cases import seed_for
 from tessera.testing.matrix import run_case
@@ -51,6 +57,15 @@ def _richest_case(spec):
 def _params():
     return [pytest.param(spec, _richest_case(spec), id=name) for name, spec in sorted(tessera.OPS.items())
             if "cpu" in spec.kernels and not spec.mutates]
+
+
+PLANT_BACKENDS = [b for b in native_backends() if b != "triton"]
+
+
+def _backend_params():
+    """(spec, case, backend) for every op and planted-bug backend with a kernel for it."""
+    return [pytest.param(spec, _richest_case(spec), b, id=f"{name}-{b}") for name, spec in sorted(tessera.OPS.items())
+            if not spec.mutates for b in PLANT_BACKENDS if b in spec.kernels]
 
 
 def _cpu_module(spec):
@@ -81,16 +96,22 @@ def _tensor_indices(out):
     return [i for i, t in enumerate(out) if isinstance(t, torch.Tensor) and t.numel() > 0]
 
 
-def _control(spec, dtype, case):
-    r = run_case(spec, "cpu", dtype, case)
+def _control(spec, dtype, case, backend="cpu"):
+    r = run_case(spec, backend, dtype, case)
     assert r.ok, f"control run fails before any bug is planted: {r.why}"
 
 
-@pytest.mark.parametrize("spec,case", _params())
+def _supports(spec, backend, dtype):
+    if dtype not in kernel_module(spec, backend).DTYPES:
+        pytest.skip(f"{spec.name}: {backend} has no {dtype} kernel")
+
+
+@pytest.mark.parametrize("spec,case,backend", _backend_params())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_unwritten_element_is_caught(spec, case, dtype, monkeypatch):
-    _control(spec, dtype, case)
-    mod = _cpu_module(spec)
+def test_unwritten_element_is_caught(spec, case, backend, dtype, monkeypatch):
+    _supports(spec, backend, dtype)
+    _control(spec, dtype, case, backend)
+    mod = kernel_module(spec, backend)
     orig = mod.forward
 
     def forward(*a, **k):
@@ -101,7 +122,7 @@ def test_unwritten_element_is_caught(spec, case, dtype, monkeypatch):
         return _map_first(orig(*a, **k), drop_last)
 
     monkeypatch.setattr(mod, "forward", forward)
-    r = run_case(spec, "cpu", dtype, case, grads=False)
+    r = run_case(spec, backend, dtype, case, grads=False)
     assert not r.ok, "an unwritten (NaN-poisoned) output element went unnoticed"
     # float outputs see the NaN poison; exact (integer) outputs see an element that differs
     assert any(s in r.why for s in ("non-finite", "NaN", "differ from the reference", "bit-exact")), r.why
@@ -174,10 +195,10 @@ def test_bf16_error_of_4x_eager_is_caught(spec, case, monkeypatch):
     assert not r.ok, f"a bf16 error of 4x the eager error ({4 * lp_err:.3g}) went unnoticed"
 
 
-def _backward_outputs(spec, dtype, case, monkeypatch):
-    """(cpu kernel module, its unpatched backward, indices of the tensors that backward returns),
-    from one probing run of the unplanted cell (which must pass)."""
-    mod = _cpu_module(spec)
+def _backward_outputs(spec, dtype, case, monkeypatch, backend="cpu"):
+    """(the backend's kernel module, its unpatched backward, indices of the tensors that backward
+    returns), from one probing run of the unplanted cell (which must pass)."""
+    mod = kernel_module(spec, backend)
     orig = mod.backward
     seen = []
 
@@ -187,18 +208,19 @@ def _backward_outputs(spec, dtype, case, monkeypatch):
         return out
 
     monkeypatch.setattr(mod, "backward", probe)
-    assert run_case(spec, "cpu", dtype, case).ok
+    assert run_case(spec, backend, dtype, case).ok
     assert seen, "the backward kernel was never called"
     return mod, orig, seen[0]
 
 
-@pytest.mark.parametrize("spec,case", _params())
+@pytest.mark.parametrize("spec,case,backend", _backend_params())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wrong_gradient_is_caught(spec, case, dtype, monkeypatch):
-    if not spec.grad_inputs:
-        pytest.skip("op has no gradients")
-    _control(spec, dtype, case)
-    mod, orig, outs = _backward_outputs(spec, dtype, case, monkeypatch)
+def test_wrong_gradient_is_caught(spec, case, backend, dtype, monkeypatch):
+    if not spec.grad_inputs or not has_backward(spec, backend):
+        pytest.skip(f"op has no gradients on {backend}")
+    _supports(spec, backend, dtype)
+    _control(spec, dtype, case, backend)
+    mod, orig, outs = _backward_outputs(spec, dtype, case, monkeypatch, backend)
     for i in outs:
         def backward(*a, _i=i, **k):
             def wrong(g):
@@ -215,7 +237,7 @@ def test_wrong_gradient_is_caught(spec, case, dtype, monkeypatch):
             return _map_index(orig(*a, **k), _i, wrong)
 
         monkeypatch.setattr(mod, "backward", backward)
-        r = run_case(spec, "cpu", dtype, case)
+        r = run_case(spec, backend, dtype, case)
         assert not r.ok, f"a wrong gradient (backward output {i}) went unnoticed"
         assert "grad" in r.why, r.why
 
@@ -346,15 +368,15 @@ def test_low_precision_rule_is_per_element_and_capped():
 
 # ---------------------------------------------------------------- gradients are poisoned too
 
-@pytest.mark.parametrize("spec,case", _params())
-def test_unwritten_gradient_element_is_caught(spec, case, monkeypatch):
+@pytest.mark.parametrize("spec,case,backend", _backend_params())
+def test_unwritten_gradient_element_is_caught(spec, case, backend, monkeypatch):
     """A backward kernel leaving the last element of a gradient unwritten must fail the cell: run_case
     poisons the buffers new_output allocates during the backward pass as well (before, gradients were
     allocated outside the poisoning, so the element held whatever the allocator left there)."""
-    if not spec.grad_inputs:
-        pytest.skip("op has no gradients")
-    _control(spec, torch.float32, case)
-    mod, orig, outs = _backward_outputs(spec, torch.float32, case, monkeypatch)
+    if not spec.grad_inputs or not has_backward(spec, backend):
+        pytest.skip(f"op has no gradients on {backend}")
+    _control(spec, torch.float32, case, backend)
+    mod, orig, outs = _backward_outputs(spec, torch.float32, case, monkeypatch, backend)
     for i in outs:
         def backward(*a, _i=i, **k):
             def drop_last(g):
@@ -364,7 +386,7 @@ def test_unwritten_gradient_element_is_caught(spec, case, monkeypatch):
             return _map_index(orig(*a, **k), _i, drop_last)
 
         monkeypatch.setattr(mod, "backward", backward)
-        r = run_case(spec, "cpu", torch.float32, case)
+        r = run_case(spec, backend, torch.float32, case)
         assert not r.ok, f"an unwritten element of backward output {i} went unnoticed"
         assert "grad" in r.why and ("non-finite" in r.why or "NaN" in r.why), r.why
 

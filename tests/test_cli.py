@@ -29,6 +29,46 @@ def test_info_text_and_json(capsys):
     assert info["ops"]["rms_norm"]["dtypes"]["cpu"] == ["fp32", "fp16", "bf16"]
 
 
+def test_info_lists_opencl(capsys):
+    """`tessera info` lists the OpenCL platforms and devices (OpenCL C version, the extensions the
+    kernels use, unified memory), the selected device and its zero-copy probe; --json the same."""
+    from tessera.backends import opencl
+    assert cli.main(["info", "--json"]) == 0
+    o = json.loads(capsys.readouterr().out)["opencl"]
+    assert o["installed"] is opencl._importable()
+    assert len(o["devices"]) == len(opencl.devices())
+    for d in o["devices"]:
+        assert d["opencl_c"].startswith("OpenCL C") and set(d["features"]) == {"fp16", "subgroups",
+                                                                                 "integer_dot_product"}
+        assert isinstance(d["extensions"], list) and d["unified_memory"] in (True, False, None)
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "opencl:" in out
+    if o["selected"] is None:
+        pytest.skip(f"no OpenCL device here: {o['why_not']}")
+    assert o["zero_copy"] in (True, False)
+    assert f"selected: {o['selected']}" in out and "zero-copy probe:" in out
+    for d in o["devices"]:
+        assert d["label"] in out and d["opencl_c"] in out
+    assert "fp16 no" in out or "fp16 yes" in out
+
+
+def _opencl_op():
+    from tessera._registry import native_backends
+    ops = [n for n, s in sorted(tessera.OPS.items()) if "opencl" in s.kernels]
+    if "opencl" not in native_backends() or not ops:
+        pytest.skip("no OpenCL device or no opencl kernel here")
+    return "rms_norm" if "rms_norm" in ops else ops[0]
+
+
+def test_check_opencl(capsys):
+    op = _opencl_op()
+    rc = cli.main(["check", "--backend", "opencl", "--op", op, "--dtype", "fp32", "--no-large"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert any(ln.split()[:3] == [op, "opencl", "fp32"] for ln in out.splitlines()), out
+
+
 def test_check_reference_passes(capsys):
     rc = cli.main(["check", "--backend", "reference", "--op", "rms_norm"])
     out = capsys.readouterr().out
@@ -76,10 +116,20 @@ def test_bad_arguments_name_the_option(argv, what, capsys):
     assert what in capsys.readouterr().err
 
 
+def _bench_backends() -> list[str]:
+    """cpu, and opencl beside it where a device is found: one bench run checks the report's rows,
+    ceilings and speedups for every backend (a third contender included)."""
+    from tessera._registry import native_backends
+    return ["cpu"] + (["opencl"] if "opencl" in native_backends() and "opencl" in tessera.OPS["rms_norm"].kernels
+                      else [])
+
+
 def test_bench_tiny_writes_json_and_png(tmp_path, capsys):
     out_dir = tmp_path / "b"
+    backends = _bench_backends()
+    mine = {f"tessera-{b}" for b in backends}
     rc = cli.main(["bench", "--quick", "--tiny", "--op", "rms_norm", "--dtype", "fp32", "--repeats", "2",
-                   "--out", str(out_dir)])
+                   "--backend", ",".join(backends), "--out", str(out_dir)])
     out = capsys.readouterr().out
     assert rc == 0, out
     spec = tessera.OPS["rms_norm"]
@@ -96,16 +146,20 @@ def test_bench_tiny_writes_json_and_png(tmp_path, capsys):
     assert set(pk["by_dtype"]) == {"fp32", "bf16", "int8"} and all(v["gflops"] > 0 for v in pk["by_dtype"].values())
     assert all(pk[k] == "not present" or pk[k]["gflops"] > 0 for k in ("bf16_dpbf16", "int8_vnni", "bf16_amx", "int8_amx"))
     assert rep["overhead"][0]["op"] == "rms_norm"
-    assert set(rep["overhead"][0]["us"]) == {"tessera-cpu", "eager", "noop_custom_op"}
-    assert len(rep["rows"]) == n_rows
+    assert set(rep["overhead"][0]["us"]) == mine | {"eager", "noop_custom_op"}
+    assert len(rep["rows"]) == n_rows and rep["mode"]["backends"] == backends
     for row in rep["rows"]:
         assert row["errors"] == {}, row["errors"]
-        assert set(row["ms"]) == {"tessera-cpu", "eager", "compile"}
+        assert set(row["ms"]) == mine | {"eager", "compile"}
         assert all(v > 0 for v in row["ms"].values())
-        assert row["bytes"] > 0 and row["pct_roofline"]["tessera-cpu"] > 0
         assert row["roof"]["rate"] > 0 and row["roof"]["spread"] is not None  # the ceiling and its spread
-        assert row["speedup"]["tessera-cpu"]["eager"] > 0
+        for b in mine:
+            assert row["bytes"] > 0 and row["pct_roofline"][b] > 0
+            assert row["speedup"][b]["eager"] > 0
     assert {r["dir"] for r in rep["rows"]} == {"fwd", "bwd"}
+    table = out.split("x peers", 1)[1]  # the table: one line per row and backend
+    for b in backends:
+        assert sum(ln.split()[:1] == ["rms_norm"] and b in ln.split() for ln in table.splitlines()) == n_rows
     png = (out_dir / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 

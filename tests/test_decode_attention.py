@@ -26,10 +26,12 @@ I8, F8 = torch.int8, torch.float8_e4m3fn
 
 
 def _backends():
-    return [b for b in ("reference", "cpu", "triton") if backend_available(b, torch.device("cpu"))[0]]
+    return [b for b in ("reference", "cpu", "triton", "opencl") if backend_available(b, torch.device("cpu"))[0]]
 
 
 BACKENDS = _backends()
+# the native backends without the (slow) Triton interpreter: error paths and the hypothesis fuzz
+NATIVE = [b for b in ("cpu", "opencl") if b in BACKENDS]
 
 
 def _one_page(x, fmt, backend):
@@ -213,6 +215,21 @@ def test_append_then_decode_matches_sdpa(fmt, backend):
         assert torch.equal(K.transpose(1, 2).float(), torch.cat(ks, 1).to(fmt).float())
 
 
+@pytest.mark.skipif("opencl" not in BACKENDS, reason="no OpenCL device")
+@pytest.mark.parametrize("variant", ["same", torch.float16, I8, F8])
+def test_opencl_decode_local_size_does_not_change_outputs(variant, monkeypatch):
+    """The opencl decode kernel's loops stride by the local size and each element's arithmetic does
+    not depend on it: bit-identical outputs for odd sizes too (GQA 3, D = 72: a tail chunk)."""
+    from tessera.ops.decode_attention import opencl as docl
+    kw = _decode_case("x", 3, 6, 2, 72, 16, [300, 0, 77], variant=variant, softcap=5.0).make(
+        torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(3))
+    outs = []
+    for L in (1, 7, 64, 256):
+        monkeypatch.setattr(docl, "LOCAL_SIZE", L)
+        outs.append(tessera.decode_attention(**kw, backend="opencl"))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+
+
 # ---------------------------------------------------------------- errors
 
 def _append_args(fmt=torch.float16):
@@ -265,7 +282,7 @@ APPEND_BAD_QUANT = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["reference"] + NATIVE)
 @pytest.mark.parametrize("fmt,name,make,exc,needles",
                          [(torch.float16, *x) for x in APPEND_BAD] + [(I8, *x) for x in APPEND_BAD_QUANT],
                          ids=lambda x: x if isinstance(x, str) else None)
@@ -299,7 +316,7 @@ DECODE_BAD = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["reference"] + NATIVE)
 @pytest.mark.parametrize("name,kw,exc,needles", DECODE_BAD, ids=[x[0] for x in DECODE_BAD])
 def test_decode_errors(name, kw, exc, needles, backend):
     with pytest.raises(exc) as info:
@@ -401,10 +418,11 @@ _CACHES = ["same", torch.float16, torch.bfloat16, I8, F8]
        P=st.sampled_from([1, 2, 16, 64]), lens=st.lists(st.integers(0, 300), min_size=6, max_size=6),
        window=st.sampled_from([-1, 1, 7, 64]), softcap=st.sampled_from([0.0, 2.0, 30.0]),
        cache=st.sampled_from(_CACHES), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
-def test_fuzz_decode_attention_cpu_vs_reference(B, G, Hk, D, P, lens, window, softcap, cache, dtype):
+@pytest.mark.parametrize("backend", NATIVE)
+def test_fuzz_decode_attention_vs_reference(backend, B, G, Hk, D, P, lens, window, softcap, cache, dtype):
     case = _decode_case(f"fuzz-{B}-{G}-{Hk}-{D}-{P}-{lens}-{window}-{softcap}", B, G * Hk, Hk, D, P, lens[:B],
                         variant=cache, window=window, softcap=softcap, qscale=2.0)
-    r = matrix.run_case(DECODE, "cpu", dtype, case)
+    r = matrix.run_case(DECODE, backend, dtype, case)
     assert r.ok, f"{case.name} cache={cache} {dtype}: {r.why}"
 
 
@@ -412,20 +430,21 @@ def test_fuzz_decode_attention_cpu_vs_reference(B, G, Hk, D, P, lens, window, so
 @given(B=st.integers(1, 5), n_new=st.sampled_from([None, 1, 2, 9, 33]), Hk=st.integers(1, 4), D=st.integers(1, 130),
        P=st.sampled_from([1, 3, 16, 64]), pos=st.lists(st.integers(0, 100), min_size=5, max_size=5),
        cache=st.sampled_from(["same", I8, F8]), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
-def test_fuzz_append_kv_cpu_vs_reference(B, n_new, Hk, D, P, pos, cache, dtype):
+@pytest.mark.parametrize("backend", NATIVE)
+def test_fuzz_append_kv_vs_reference(backend, B, n_new, Hk, D, P, pos, cache, dtype):
     """Float caches in k's dtype (the matrix judges outputs in the case dtype; fp32 k into fp16/bf16
     caches is checked bit for bit in test_append_float_cache_of_other_dtype) and int8/fp8 caches."""
     case = _append_case(f"fuzz-{B}-{n_new}-{Hk}-{D}-{P}-{pos}", B, n_new, Hk, D, P, pos[:B], variant=cache)
     orig = matrix._inputs
     matrix._inputs = _keep_dtypes(orig)  # quantised caches reach the reference in their dtype
     try:
-        r = matrix.run_case(APPEND, "cpu", dtype, case)
+        r = matrix.run_case(APPEND, backend, dtype, case)
     finally:
         matrix._inputs = orig
     assert r.ok, f"{case.name} cache={cache} {dtype}: {r.why}"
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["reference"] + NATIVE)
 def test_decode_ignores_table_entries_it_does_not_read(backend):
     """Columns past a sequence's length or before its window may hold anything (vLLM leaves them
     stale): they must not raise, and the result equals the one with valid entries there."""

@@ -18,8 +18,12 @@ import pytest
 import torch
 
 import tessera
+from tessera._registry import forward_only, has_backward, native_backends
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# bad input must get the same clear error whichever backend is asked for: the reference and every
+# native backend that runs here (cpu; opencl where a device is found; triton under the interpreter)
+CHECKED_BACKENDS = ("reference",) + native_backends()
 
 SKIP_TAGS = {"large", "extreme", "empty", "layout"}
 
@@ -100,16 +104,21 @@ def _wrong_python_types(spec):
     yield "backend-int", {**kw, "backend": 3}, TypeError, ["'backend'", "int"]
 
 
+def _backends(spec):
+    """The backends checked for ``spec``: those of CHECKED_BACKENDS that have a kernel for it."""
+    return [b for b in CHECKED_BACKENDS if b in spec.kernels]
+
+
 def _params(gen=_bad_calls):
     out = []
     for name, spec in sorted(tessera.OPS.items()):
         for bid, bkw, exc, needles in gen(spec):
-            out.append(pytest.param(spec, bkw, exc, needles, id=f"{name}-{bid}"))
+            for backend in _backends(spec):
+                out.append(pytest.param(spec, bkw, exc, needles, backend, id=f"{name}-{bid}-{backend}"))
     return out
 
 
-@pytest.mark.parametrize("spec,kw,exc,needles", _params())
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("spec,kw,exc,needles,backend", _params())
 def test_bad_input(spec, kw, exc, needles, backend):
     _expect(spec, kw, exc, needles, backend)
 
@@ -144,8 +153,7 @@ def _single_tensor_ops():
             if sum(isinstance(v, torch.Tensor) for v in _base_case(spec).values()) == 1]
 
 
-@pytest.mark.parametrize("name", _single_tensor_ops())
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("name,backend", [(n, b) for n in _single_tensor_ops() for b in _backends(tessera.OPS[n])])
 def test_zero_dim_alone(name, backend):
     """A 0-d input is either rejected (ValueError naming it, with its shape) or computed correctly."""
     from tessera._registry import Case
@@ -179,17 +187,63 @@ def test_use_backend_unknown():
             pass
 
 
-@pytest.mark.parametrize("name", sorted(tessera.OPS))
-def test_meta_device_backend_error(name):
-    """Explicit cpu backend on non-CPU real tensors is impossible: BackendError, never a fallback."""
+@pytest.mark.parametrize("name,backend", [(n, b) for n in sorted(tessera.OPS) for b in _backends(tessera.OPS[n])
+                                          if b != "reference"])
+def test_meta_device_backend_error(name, backend):
+    """An explicit native backend on non-CPU real tensors (the cpu and opencl backends run on CPU
+    tensors; triton here on CPU tensors under the interpreter) is impossible: BackendError, never a
+    fallback."""
     spec = tessera.OPS[name]
     kw = _base_case(spec)
     dt = spec.dtypes[0]  # float32 for float ops, int8 for integer ones (int_mm)
-    ok, _ = tessera._registry.supports(spec, "cpu", torch.device("cpu"), dt)
+    ok, _ = tessera._registry.supports(spec, backend, torch.device("cpu"), dt)
     assert ok
-    with pytest.raises(tessera.BackendError, match="cpu"):
-        tessera._registry.select(spec, torch.device("meta"), dt, "cpu")
-    spec.fn(**kw, backend="cpu")  # and the same inputs on CPU are fine
+    with pytest.raises(tessera.BackendError, match=backend):
+        tessera._registry.select(spec, torch.device("meta"), dt, backend)
+    spec.fn(**kw, backend=backend)  # and the same inputs on CPU are fine
+
+
+# ---------------------------------------------------------------- forward-only kernel modules
+
+def _forward_only_params():
+    """Every (op, backend) whose kernel module declares BACKWARD = False (no backward kernel there),
+    plus one planted: rms_norm's cpu module made forward-only, so the check below always runs."""
+    out = [pytest.param(n, b, False, id=f"{n}-{b}") for n, spec in sorted(tessera.OPS.items()) if spec.grad_inputs
+           for b in _backends(spec) if not has_backward(spec, b)]
+    return out + [pytest.param("rms_norm", "cpu", True, id="planted-rms_norm-cpu")]
+
+
+def _grad_case(spec):
+    """A small float32 case with leaves for every gradient input, and its kwargs."""
+    kw = dict(_base_case(spec))
+    for k in spec.grad_inputs:
+        if isinstance(kw.get(k), torch.Tensor) and kw[k].is_floating_point():
+            kw[k] = kw[k].detach().clone().requires_grad_(True)
+    return kw
+
+
+@pytest.mark.parametrize("name,backend,planted", _forward_only_params())
+def test_forward_only_backend_raises_on_gradient(name, backend, planted, monkeypatch):
+    """A forward-only kernel module (BACKWARD = False, ``backward = forward_only(op, backend)``):
+    the forward runs (the matrix checks it), and a gradient request raises BackendError naming the
+    op and the backend, instead of returning anything."""
+    spec = tessera.OPS[name]
+    if planted:
+        mod = tessera._registry.kernel_module(spec, backend)
+        monkeypatch.setattr(mod, "BACKWARD", False, raising=False)
+        monkeypatch.setattr(mod, "backward", forward_only(name, backend))
+        assert not has_backward(spec, backend)
+    kw = _grad_case(spec)
+    with torch.no_grad():
+        spec.fn(**kw, backend=backend)                  # forward alone is fine
+    out = spec.fn(**kw, backend=backend)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
+    assert outs, f"{name}: no differentiable output"
+    with pytest.raises(tessera.BackendError) as info:
+        torch.autograd.grad([o.float().sum() for o in outs], [v for v in kw.values()
+                                                             if isinstance(v, torch.Tensor) and v.requires_grad])
+    msg = str(info.value)
+    assert name in msg and repr(backend) in msg and "forward" in msg, msg
 
 
 _TRITON_SCRIPT = textwrap.dedent("""

@@ -1,11 +1,14 @@
-"""No cpu kernel reads or writes outside the tensors it is given (tessera.testing.fence).
+"""No cpu or opencl kernel reads or writes outside the tensors it is given (tessera.testing.fence).
 
-Each op's cpu cells run in a child process with every input, upstream gradient, output, gradient,
+Each op's cpu and opencl cells (the backends of ``fence.fenced_backends()`` that run here) run in a
+child process with every input, upstream gradient, output, gradient,
 workspace and glue copy (``rows()``, fp32 parameters) flush against a page that faults on access,
 once ending at it and once starting right after it; a read or write past either end kills the
 child with SIGSEGV, reported here with the cell that was running.  The cells must also still pass
 the matrix's comparisons.  Planted kernels writing one element past an output or a gradient prove
-the writes are fenced.
+the writes are fenced; a planted OpenCL kernel reading or writing one element past either end of a
+fenced buffer proves the fence reaches the opencl kernels (zero-copy buffers over the tensors' own
+memory: a device that copied them would not fault, and that test would fail).
 """
 import signal
 import subprocess
@@ -15,17 +18,21 @@ import pytest
 import torch
 
 from tessera._registry import OPS
-from tessera.testing.fence import fenced
+from tessera.testing.fence import fenced, fenced_backends
 
-CPU_OPS = sorted(n for n, s in OPS.items() if "cpu" in s.kernels)
+FENCED = fenced_backends()
+FENCED_OPS = sorted(n for n, s in OPS.items() if any(b in s.kernels for b in FENCED))
 
 
-@pytest.mark.parametrize("op", CPU_OPS)
+@pytest.mark.parametrize("op", FENCED_OPS)
 def test_fenced_reads(op):
-    r = subprocess.run([sys.executable, "-m", "tessera.testing.fence", op], capture_output=True, text=True,
-                       timeout=900)
+    backends = [b for b in FENCED if b in OPS[op].kernels]
+    r = subprocess.run([sys.executable, "-m", "tessera.testing.fence", op, "--backend", ",".join(backends)],
+                       capture_output=True, text=True, timeout=900)
     lines = r.stdout.splitlines()
-    assert len(lines) > 0, f"{op}: no cpu cell ran\n{r.stderr[-3000:]}"
+    assert len(lines) > 0, f"{op}: no cell ran\n{r.stderr[-3000:]}"
+    for b in backends:  # every fenced backend with a kernel for the op ran cells
+        assert any(ln.startswith(f"{op}-{b}-") for ln in lines), f"{op}: no {b} cell ran\n{r.stderr[-3000:]}"
     if r.returncode < 0:
         sig = signal.Signals(-r.returncode).name
         pytest.fail(f"{op}: {sig} while running {lines[-1]} (a read outside an input?)\n{r.stderr[-3000:]}")
@@ -116,3 +123,40 @@ def test_fenced_keeps_layout(side):
         assert f.data_ptr() != t.data_ptr()
     empty = torch.empty(0, 4)
     assert fenced(empty, side) is empty
+
+
+_OPENCL_PLANT = """
+import sys
+from pathlib import Path
+import torch
+from tessera.backends import opencl as cl
+from tessera.testing.fence import fenced, fenced_empty
+side, what, src = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+src.write_text('#include "tessera_cl.h"\\n'
+               '__kernel void touch(__global float *y, __global const float *x, long n, long off, int wr) {'
+               '  const long i = get_global_id(0); if (i >= n) return;'
+               '  if (wr) y[i + off] = 1.0f; else y[i] = x[i + off]; }\\n')
+off = int(sys.argv[4])
+y = fenced_empty((100,), torch.float32, "cpu", side)
+x = fenced(torch.randn(100), side)
+by = cl.buffer(y)
+cl.launch(cl.program(src), "touch", (100,), None, [by, cl.buffer(x), cl.i64(100), cl.i64(off), cl.i32(what == "write")],
+          written=(by,))
+print("survived")
+"""
+
+
+@pytest.mark.skipif("opencl" not in FENCED, reason="no OpenCL device here")
+@pytest.mark.parametrize("what", ["read", "write"])
+@pytest.mark.parametrize("side", ["end", "start"])
+def test_fence_reaches_opencl_kernels(side, what, tmp_path):
+    """An OpenCL kernel touching one element past the end (or before the start) of a fenced buffer is
+    killed, and the same kernel in bounds is not: the opencl cells above are really fenced."""
+    def run(off):
+        return subprocess.run([sys.executable, "-c", _OPENCL_PLANT, side, what, str(tmp_path / "touch.cl"), str(off)],
+                              capture_output=True, text=True, timeout=300)
+    ok = run(0)
+    assert ok.returncode == 0 and "survived" in ok.stdout, ok.stderr[-3000:]
+    bad = run(1 if side == "end" else -1)
+    assert bad.returncode == -signal.SIGSEGV, (f"an OpenCL {what} one element past the {side} of a fenced buffer "
+                                               f"went unnoticed: exit {bad.returncode}\n{bad.stdout}{bad.stderr[-3000:]}")

@@ -1,5 +1,5 @@
-"""Property-based fuzzing (hypothesis): random shapes, layouts and dtypes, cpu and triton (under
-the interpreter) vs float64 reference.
+"""Property-based fuzzing (hypothesis): random shapes, layouts and dtypes, cpu, opencl and triton
+(under the interpreter) vs float64 reference.
 
 Inputs are built generically from each op spec.  A small case tells the role of
 every tensor argument:
@@ -20,9 +20,9 @@ fp32 draws may be arbitrarily ill-conditioned, so the fuzz also passes the fp32 
 baseline (``fp32_eager=True``): an fp32 element passes under the defaults or under the
 low-precision rule in fp32 (2x torch fp32's error, capped), see the tolerance docstring.
 
-Bounded for CI: ``max_examples`` 25 per op, no deadline, derandomized (set
-``TESSERA_FUZZ_RANDOM=1`` for fresh draws, ``TESSERA_FUZZ_EXAMPLES`` for more); the Triton
-backend 8 per op on small shapes (``TESSERA_FUZZ_TRITON_EXAMPLES``).
+Bounded for CI: ``max_examples`` 25 per op (cpu, and opencl where a device is found), no
+deadline, derandomized (set ``TESSERA_FUZZ_RANDOM=1`` for fresh draws, ``TESSERA_FUZZ_EXAMPLES``
+for more); the Triton backend 8 per op on small shapes (``TESSERA_FUZZ_TRITON_EXAMPLES``).
 """
 from __future__ import annotations
 
@@ -212,6 +212,27 @@ def test_fuzz_cpu_vs_reference(name):
     def check(drawn):
         dtype, case = drawn
         r = run_case(spec, "cpu", dtype, case, fp32_eager=True)
+        assert r.ok, f"{case.name}: {r.why}"
+
+    check()
+
+
+@pytest.mark.fuzz  # `pytest -m fuzz`: EXAMPLES becomes >= 1000 (tests/conftest.py)
+@pytest.mark.parametrize("name", _ops())
+def test_fuzz_opencl_vs_reference(name):
+    """The same generic fuzz on the opencl backend (PoCL here), same budget as cpu: random shapes,
+    row strides, broadcasts and parameter layouts through the zero-copy buffers."""
+    spec = tessera.OPS[name]
+    if not any(supports(spec, "opencl", torch.device("cpu"), d)[0] for d in spec.dtypes):
+        pytest.skip(f"{name}: no opencl kernel, or no OpenCL device here")
+    info = analyse(spec)
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(drawn=op_inputs(spec, info, "opencl"))
+    def check(drawn):
+        dtype, case = drawn
+        r = run_case(spec, "opencl", dtype, case, fp32_eager=True)
         assert r.ok, f"{case.name}: {r.why}"
 
     check()

@@ -2,9 +2,10 @@
 (``w_ptr + col``) reads the wrong elements of ``w[::2]`` or ``w.expand(n)`` without any error.
 
 * ``test_strided_arguments_give_identical_results``: generic over the registered ops and every
-  backend: each tensor argument of a few of the op's cases, replaced by a step-2 view holding
-  the same values (the other half of the buffer is zeros), gives bit-identical outputs -- or a
-  ValueError naming that argument (ops that require contiguous paged caches say so).
+  native backend that runs here (cpu; opencl; triton under the interpreter): each tensor argument
+  of a few of the op's cases, replaced by a step-2 view holding the same values (the other half
+  of the buffer is zeros), gives bit-identical outputs -- or a ValueError naming that argument
+  (ops that require contiguous paged caches say so).
 * ``test_norms_strided_and_broadcast_parameters``: rms_norm / layer_norm with ``w[::2]`` and a
   stride-0 ``expand`` weight/bias against the float64 reference, forward and gradients (the
   bug of issue #13 item 3 on the Triton backend).
@@ -15,10 +16,10 @@ import pytest
 import torch
 
 import tessera
-from tessera._registry import Case, supports
+from tessera._registry import Case, native_backends, supports
 from tessera.testing.matrix import run_case
 
-BACKENDS = ("cpu", "triton")
+BACKENDS = native_backends()  # cpu; opencl where a device is found; triton under the interpreter
 CASES_PER_OP = 2
 
 
@@ -45,7 +46,7 @@ def _equal(a, b) -> bool:
 def _params():
     out = []
     for name in sorted(tessera.OPS):
-        for backend in BACKENDS:
+        for backend in [b for b in BACKENDS if b in tessera.OPS[name].kernels]:
             out.append(pytest.param(name, backend, id=f"{name}-{backend}"))
     return out
 
@@ -101,7 +102,7 @@ def _norm_case(op, layout):
     return Case(f"{op}-{layout}-params", mk, frozenset())
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("backend", ("reference",) + BACKENDS)
 @pytest.mark.parametrize("layout", ["step2", "expand", "offset-step3"])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_norms_strided_and_broadcast_parameters(op, layout, backend):

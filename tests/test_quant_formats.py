@@ -30,7 +30,8 @@ from tessera.ops.quantize.ref import QTYPES
 from tessera.quant import contract
 
 GOLDEN = sorted(Path(__file__).with_name("golden").glob("*.json"))
-BACKENDS = [b for b in ("reference", "cpu", "triton") if backend_available(b, torch.device("cpu"))[0]]
+BACKENDS = [b for b in ("reference", "cpu", "triton", "opencl") if backend_available(b, torch.device("cpu"))[0]]
+NATIVE = [b for b in ("cpu", "opencl") if b in BACKENDS]   # the compiled backends the fuzz checks
 
 
 def _f32(hexes):
@@ -154,14 +155,15 @@ def test_backends_bit_identical(fmt, dtype):
             assert torch.equal(_bits(qt.dequantize(dt, backend=b)), _bits(ref.dequantize(dt))), (b, dt)
 
 
-def test_non_contiguous_inputs():
+@pytest.mark.parametrize("backend", NATIVE)
+def test_non_contiguous_inputs(backend):
     w = torch.randn(256, 96)
     for fmt in ("int8-channel", "int4-g32-zp", "fp8-e4m3-block128", "q4_0"):
-        a = quant.quantize(w.t(), fmt, backend="cpu")          # a transposed view
+        a = quant.quantize(w.t(), fmt, backend=backend)          # a transposed view
         b = quant.quantize(w.t().contiguous(), fmt, backend="reference")
         assert torch.equal(_bits(a.data), _bits(b.data)) and torch.equal(a.scale, b.scale)
     wide = torch.randn(8, 300)
-    a = quant.quantize(wide[:, 10:138], "int4-g64", backend="cpu")   # row slice (stride 300)
+    a = quant.quantize(wide[:, 10:138], "int4-g64", backend=backend)   # row slice (stride 300)
     b = quant.quantize(wide[:, 10:138].contiguous(), "int4-g64", backend="reference")
     assert torch.equal(a.data, b.data) and torch.equal(a.scale, b.scale)
 
@@ -290,7 +292,7 @@ _KINDS = [(q, br, bc) for q in QTYPES for br, bc in ((1, 0), (0, 0), (1, 32), (3
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
        scale=st.sampled_from([1.0, 1e-6, 1e4]), seed=st.integers(0, 10**6), transposed=st.booleans())
 def test_fuzz_quantize_blocks(kind, m, k, dtype, scale, seed, transposed):
-    """quantize_blocks and dequantize_blocks: cpu == reference bit for bit on random shapes."""
+    """quantize_blocks and dequantize_blocks: cpu (and opencl) == reference bit for bit on random shapes."""
     q, br, bc = kind
     k += k % 2 if QTYPES[q][2] else 0
     g = torch.Generator().manual_seed(seed)
@@ -299,15 +301,16 @@ def test_fuzz_quantize_blocks(kind, m, k, dtype, scale, seed, transposed):
     if x.numel():
         i = seed % x.numel()
         x[i // x.shape[1], i % x.shape[1]] = float("nan") if seed % 3 == 0 else 1e4
-    a = quantize_blocks(x, q, br, bc, backend="cpu")
     b = quantize_blocks(x, q, br, bc, backend="reference")
-    for u, v in zip(a, b):
-        assert torch.equal(_bits(u), _bits(v))
-    zero = a[2] if q == "int4_zp" else None
-    for dt in (torch.float32, dtype):
-        da = dequantize_blocks(a[0], a[1], zero, br, bc, dt, backend="cpu")
-        db = dequantize_blocks(a[0], a[1], zero, br, bc, dt, backend="reference")
-        assert torch.equal(_bits(da), _bits(db))
+    zero = b[2] if q == "int4_zp" else None
+    for native in NATIVE:
+        a = quantize_blocks(x, q, br, bc, backend=native)
+        for u, v in zip(a, b):
+            assert torch.equal(_bits(u), _bits(v)), native
+        for dt in (torch.float32, dtype):
+            da = dequantize_blocks(b[0], b[1], zero, br, bc, dt, backend=native)
+            db = dequantize_blocks(b[0], b[1], zero, br, bc, dt, backend="reference")
+            assert torch.equal(_bits(da), _bits(db)), native
 
 
 # ---------------------------------------------------------------- bad input

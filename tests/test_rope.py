@@ -8,8 +8,10 @@
   (stride-0) inputs, the CPU kernel's own bounds check;
 * opcheck and torch.compile with position ids / interleaved (the generic tests pick the
   smallest cases only);
-* a hypothesis fuzz of random shapes/options/layouts, cpu vs the float64 reference (the
-  generic ``tests/test_fuzz.py`` cannot infer the roles of the cos/sin tables and ids).
+* a hypothesis fuzz of random shapes/options/layouts, cpu (and opencl where a device is found)
+  vs the float64 reference (the generic ``tests/test_fuzz.py`` cannot infer the roles of the
+  cos/sin tables and ids);
+* opencl: the kernel's own bounds check, and outputs independent of the work-group size.
 """
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tessera
-from tessera._registry import Case
+from tessera._registry import Case, backend_available
 from tessera.backends import triton as triton_backend
 from tessera.ops.rope import cases as rope_cases
 from tessera.testing.matrix import run_case
 
 SPEC = tessera.OPS["rope"]
-BACKENDS = ["reference", "cpu"] + (["triton"] if triton_backend.interpreted() else [])
+OPENCL = ["opencl"] if backend_available("opencl", torch.device("cpu"))[0] else []
+BACKENDS = ["reference", "cpu"] + (["triton"] if triton_backend.interpreted() else []) + OPENCL
 
 
 # ---------------------------------------------------------------- rope_cache
@@ -141,7 +144,7 @@ def _qkcs(B=2, S=5, Hq=4, Hk=2, D=16, P=8, r=None):
     return q, k, cos, sin
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["cpu", "reference"] + OPENCL)
 @pytest.mark.parametrize("make,exc,needles", [
     (lambda q, k, c, s: dict(position_ids=torch.full((2, 5), 8)), ValueError, ["'position_ids'", "holds 8", "8)"]),
     (lambda q, k, c, s: dict(position_ids=torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32)), ValueError,
@@ -185,6 +188,46 @@ def test_cpu_kernel_checks_positions_itself():
     pos = torch.tensor([[0, 1, 2, 3, 1 << 40]] * 2)
     with pytest.raises(ValueError, match="position id"):
         rope_cpu.forward(q, k, cos, sin, pos, False, 16)
+
+
+@pytest.mark.skipif(not OPENCL, reason="no OpenCL device")
+@pytest.mark.parametrize("bad", [-1, 8, 1 << 40])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_opencl_kernel_checks_positions_itself(bad, interleaved):
+    """As the cpu kernel: an id outside [0, P) (int32 and int64 ids) is an error raised from the
+    kernel's own check, and the table rows of valid ids are still right."""
+    from tessera.ops.rope import opencl as rope_ocl
+    q, k, cos, sin = _qkcs()
+    for dt in (torch.int64, torch.int32):
+        if dt == torch.int32 and bad == 1 << 40:
+            continue
+        pos = torch.tensor([[0, 1, 2, 3, bad]] * 2, dtype=dt)
+        with pytest.raises(ValueError, match="position id"):
+            rope_ocl.forward(q, k, cos, sin, pos, interleaved, 16)
+    good = torch.tensor([[0, 1, 2, 3, 7]] * 2)
+    qo, ko = rope_ocl.forward(q, k, cos, sin, good, interleaved, 16)
+    rq, rk = SPEC.ref(q=q, k=k, cos=cos, sin=sin, position_ids=good, interleaved=interleaved)
+    torch.testing.assert_close(qo, rq.float(), rtol=1.3e-6, atol=1e-5)
+    torch.testing.assert_close(ko, rk.float(), rtol=1.3e-6, atol=1e-5)
+
+
+@pytest.mark.skipif(not OPENCL, reason="no OpenCL device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_opencl_local_size_does_not_change_outputs(dtype, monkeypatch):
+    """The opencl launcher picks one work-item per token on a CPU device and up to 256 on a GPU;
+    each work-item owns whole (head, chunk) units, so any work-group size gives the same bits
+    (half-split, interleaved, partial rotary and a partial last chunk, GQA, strided views)."""
+    from tessera.backends import opencl as cl
+    names = ["7tok-hd80-gqa", "2x17-hd80-interleaved-gqa", "7tok-hd96-r64-interleaved", "17tok-hd66-r2",
+             "qkv-1x17-hd96-r64-pos", "2x17-pos-repeated-int32"]
+    for name in names:
+        kw = _case(name).make(dtype, torch.device("cpu"), torch.Generator().manual_seed(1))
+        outs = []
+        for L in (1, 4, 32, 256):
+            monkeypatch.setattr(cl, "vec_local_size", lambda n, L=L: L)
+            outs.append(tessera.rope(**kw, backend="opencl"))
+        for qo, ko in outs[1:]:
+            assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1]), name
 
 
 # ---------------------------------------------------------------- rope: properties
@@ -308,6 +351,16 @@ def _fuzz_case(draw):
 def test_fuzz_cpu_vs_reference(drawn):
     dtype, case = drawn
     r = run_case(SPEC, "cpu", dtype, case)
+    assert r.ok, f"{case.name} {dtype}: {r.why}"
+
+
+@pytest.mark.skipif(not OPENCL, reason="no OpenCL device")
+@settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(drawn=_fuzz_case())
+def test_fuzz_opencl_vs_reference(drawn):
+    dtype, case = drawn
+    r = run_case(SPEC, "opencl", dtype, case)
     assert r.ok, f"{case.name} {dtype}: {r.why}"
 
 

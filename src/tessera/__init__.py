@@ -11,8 +11,10 @@ from ._registry import BACKENDS, OPS, BackendError, use_backend
 from .memory import alloc_kv_cache
 from .ops.append_kv import append_kv
 from .ops.attention import attention
+from .ops.cross_entropy import cross_entropy
 from .ops.decode_attention import decode_attention
 from .ops.dequantize import dequantize_blocks
+from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .ops.geglu import geglu
 from .ops.gelu import gelu
 from .ops.int_mm import int_mm
@@ -35,6 +37,8 @@ __all__ = ["BACKENDS", "OPS", "BackendError", "use_backend",
            # fused LLM ops
            "alloc_kv_cache", "append_kv", "attention", "decode_attention", "geglu", "gelu", "layer_norm", "rms_norm", "rope",
            "rope_cache", "silu", "softmax", "swiglu",
+           # losses (forward writes the gradient; FLCE never materialises the logits)
+           "cross_entropy", "fused_linear_cross_entropy",
            # quantization: formats (tessera.quant), the model API and the quantized matmuls
            "quantize", "dequantize", "quantize_blocks", "dequantize_blocks", "int_mm", "linear_w8a8",
            "linear_a16w8", "linear_w4a16", "linear_w4a8", "linear_fp8"]

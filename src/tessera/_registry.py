@@ -144,6 +144,14 @@ def backend_available(name: str, device: torch.device) -> tuple[bool, str]:
     return False, f"unknown backend {name!r}; expected one of {BACKENDS}"
 
 
+def native_backends(device: torch.device | str = "cpu") -> tuple[str, ...]:
+    """The backends other than ``reference`` that can run on tensors of ``device`` on this machine
+    (cpu; triton on CPU only under TRITON_INTERPRET=1; opencl where a device is found), in
+    ``BACKENDS`` order: what generic tests and ``tessera check`` iterate over."""
+    dev = torch.device(device)
+    return tuple(b for b in BACKENDS if b != "reference" and backend_available(b, dev)[0])
+
+
 def forward_only(op: str, backend: str):
     """The ``backward`` of a kernel module that has no backward kernel yet (``BACKWARD = False``):
     a differentiable call on that backend raises BackendError instead of returning anything."""
@@ -210,14 +218,17 @@ def select(spec: OpSpec, device: torch.device, dtype: torch.dtype, explicit: str
 
     Successful choices are memoised per (op, requested backend, device type, dtype):
     the answer depends only on those and on the machine, and this is the launch path.
-    TRITON_INTERPRET is part of the key because it decides whether triton runs on CPU.
+    TRITON_INTERPRET is part of the key because it decides whether triton runs on CPU, and
+    TESSERA_OPENCL_DEVICE (for opencl requests) because it decides whether a device is found.
     """
     name = requested_backend(explicit)
     if name and name not in BACKENDS:
         # a misspelt name is bad input (ValueError naming where it came from), not an unavailable backend
         where = "argument 'backend'" if explicit else "environment variable TESSERA_BACKEND"
         raise ValueError(f"tessera.{spec.name}: {where}={name!r} is not a backend; expected one of {BACKENDS}")
-    key = (spec.name, name, device.type, dtype, _env.get("TRITON_INTERPRET"))
+    # (TESSERA_OPENCL_DEVICE decides whether an opencl request can run: read only for that request)
+    key = (spec.name, name, device.type, dtype, _env.get("TRITON_INTERPRET"),
+           _env.get("TESSERA_OPENCL_DEVICE") if name == "opencl" else "")
     mod = _selected.get(key)
     if mod is None:
         mod = _selected[key] = _select(spec, device, dtype, name)

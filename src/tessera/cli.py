@@ -1,8 +1,9 @@
 """``tessera`` command line: ``info``, ``check``, ``bench``.
 
 * ``tessera info``  -- what this machine offers: backends, CPU ISA level and
-  flags, compiler, threads, triton (version, interpreter, GPU), registered ops
-  and their dtypes per backend.  ``--json`` for machines.
+  flags, compiler, threads, triton (version, interpreter, GPU), OpenCL (platforms,
+  devices, OpenCL C versions, extensions, unified memory, the selected device and its
+  zero-copy probe), registered ops and their dtypes per backend.  ``--json`` for machines.
 * ``tessera check`` -- the correctness matrix (:mod:`tessera.testing.matrix`) as a
   table op x backend x dtype; exit status 1 on any failure.
 * ``tessera bench`` -- the benchmark (:mod:`tessera.bench`): tessera vs PyTorch
@@ -76,12 +77,13 @@ def cmd_info(args) -> int:
 
     from . import OPS, __version__
     from ._registry import BACKENDS, backend_available, kernel_module
+    from .backends import opencl as ocl
     from .backends import triton as tr
     from .bench.report import machine_info, versions
 
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     info = {"tessera": __version__, "versions": versions(), "machine": machine_info(), "backends": {},
-            "triton": tr.describe(), "ops": {}}
+            "triton": tr.describe(), "opencl": ocl.describe(), "ops": {}}
     info["triton"]["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     for dev in devices:
         for b in BACKENDS:
@@ -107,6 +109,7 @@ def cmd_info(args) -> int:
     print(f"  compiler: {m.get('compiler')}   threads: {m.get('threads')}")
     print(f"triton: {'installed ' + t.get('version', '') if t['installed'] else 'not installed'}   "
           f"interpreter: {'on' if t['interpreter'] else 'off'}   GPU: {t['gpu'] or 'none'}")
+    _print_opencl(info["opencl"])
     print("backends:")
     for key, st in info["backends"].items():
         print(f"  {key:<16} {'available' if st['available'] else 'unavailable: ' + st['reason']}")
@@ -115,6 +118,36 @@ def cmd_info(args) -> int:
         per = " | ".join(f"{b}: {' '.join(d) if isinstance(d, list) else d}" for b, d in o["dtypes"].items())
         print(f"  {name:<14} {per}   ({o['cases']} cases, bench: {', '.join(o['bench_cases']) or '-'})")
     return 0
+
+
+def _print_opencl(o: dict) -> None:
+    """The opencl section of `tessera info`: platforms, devices, the features kernels use, selection."""
+    if not o["installed"]:
+        print("opencl: pyopencl not installed (pip install 'tessera[opencl]')")
+        return
+    print(f"opencl: pyopencl {o['pyopencl']}   {len(o['platforms'])} platform(s), {len(o['devices'])} device(s)"
+          + (f"   TESSERA_OPENCL_DEVICE={o['env']!r}" if o["env"] else ""))
+    for p in o["platforms"]:
+        print(f"  platform {p['index']}: {p['name']} ({p['vendor']}) {p['version']}")
+        for d in o["devices"]:
+            if not d["label"].startswith(f"{p['index']}:"):
+                continue
+            mark = "*" if d["label"] == o["selected"] else " "
+            feats = ", ".join(f"{k.replace('_', ' ')} {'yes' if v else 'no'}" for k, v in d["features"].items())
+            um = {True: "yes", False: "no", None: "unknown"}[d["unified_memory"]]
+            print(f"   {mark}[{d['index']}] {d['label']}  ({d['type']}, {d['compute_units']} CUs, "
+                  f"{d['global_mem_mib']} MiB, max work-group {d['max_work_group_size']})")
+            print(f"        {d['opencl_c']} | {d['version']} | driver {d['driver']}")
+            print(f"        extensions used when present: {feats} | unified memory: {um} | "
+                  f"{len(d['extensions'])} extensions: {' '.join(d['extensions'])}")
+    if o["selected"] is None:
+        print(f"  selected: none ({o['why_not']})")
+        return
+    zc = o.get("zero_copy")
+    zc = ("yes (kernels read and write the tensors' own memory)" if zc is True else
+          "no (each launch maps its written buffers back: a copy)" if zc is False else zc)
+    print(f"  selected: {o['selected']}   zero-copy probe: {zc}   fp16 arithmetic: "
+          f"{'on' if o.get('fp16_arithmetic') else 'off (storage only)'}   portable mode: {'on' if o['portable'] else 'off'}")
 
 
 # ----------------------------------------------------------------------------- check
@@ -246,7 +279,7 @@ def cmd_bench(args, parser, argv_list) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera", description="tessera: fused AI operators -- info, check, bench")
     sub = p.add_subparsers(dest="cmd", required=True)
-    i = sub.add_parser("info", help="backends, CPU ISA, triton and registered ops on this machine")
+    i = sub.add_parser("info", help="backends, CPU ISA, triton, OpenCL devices and registered ops on this machine")
     i.add_argument("--json", action="store_true", help="print machine-readable JSON")
     c = sub.add_parser("check", help="run the correctness matrix; exit 1 on any failure")
     c.add_argument("--backend", action="append", help="backend(s), comma-separated (default: all that run here)")

@@ -29,7 +29,8 @@ bf16 is always storage (ushort) with round-to-nearest-even by integer arithmetic
 Programs are built once per (source, options, device) and their binaries cached on disk
 under ``<jit cache>/opencl``, keyed by a hash of the sources and headers, the build options
 and the device/driver strings, written under a file lock with an atomic rename, as the C JIT
-does (a PoCL build takes ~1 s cold).
+does (a PoCL build takes ~1 s cold).  Each file carries a sha256 of the binary, checked before the
+driver sees it: a damaged file is rebuilt (PoCL segfaults on a truncated binary).
 """
 from __future__ import annotations
 
@@ -88,11 +89,16 @@ def _pick(spec: str):
         return None, ("no OpenCL platform/device found (pip install 'tessera[opencl]' brings pyopencl and "
                       "PoCL; a device's vendor driver registers itself with the ICD loader)")
     if spec:
+        # an index ("N" in the flat list, or "P:D") first, over every device, and only then a name
+        # substring: "2" must pick device 2, not an earlier device whose name contains a 2
         for i, (label, _, _) in enumerate(devs):
-            if spec == str(i) or label.startswith(spec + " ") or spec.lower() in label.lower():
+            if spec == str(i) or label.startswith(spec + " "):
                 return devs[i], ""
-        return None, (f"TESSERA_OPENCL_DEVICE={spec!r} matches no device; devices: "
-                      + "; ".join(label for label, _, _ in devs))
+        for i, (label, _, _) in enumerate(devs):
+            if spec.lower() in label.split(" ", 1)[1].lower():
+                return devs[i], ""
+        return None, (f"TESSERA_OPENCL_DEVICE={spec!r} matches no device (an index N, P:D or a name "
+                      f"substring); devices: " + "; ".join(f"{i}: {label}" for i, (label, _, _) in enumerate(devs)))
     cl = _cl()
     usable = [d for d in devs if "oclgrind" not in d[0].lower()]
     gpus = [d for d in usable if d[2].type & cl.device_type.GPU]
@@ -190,6 +196,7 @@ def program(source: Path, defines: dict | None = None):
     rt = runtime()
     defs = dict(defines or {})
     defs["TSR_HAS_FP16"] = int(rt.fp16 and not portable())
+    defs["TSR_PORTABLE"] = int(portable())  # recorded in the options (and the cache key) either way
     opts = ["-cl-std=CL1.2", "-I", str(CL_SRC)] + [f"-D{k}={v}" for k, v in sorted(defs.items())]
     memo = (source, tuple(opts))
     prg = rt.programs.get(memo)
@@ -207,17 +214,15 @@ def _build(rt: Runtime, source: Path, opts: list[str]):
     root = _jit.cache_dir() / "opencl"
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"{source.stem}-{key}.bin"
-    if target.exists():
-        prg = _from_binary(rt, target.read_bytes(), opts)
-        if prg is not None:
-            return prg
+    prg = _load(rt, target, opts)
+    if prg is not None:
+        return prg
     with open(root / f"{source.stem}-{key}.lock", "w") as lockf:
         fcntl.flock(lockf, fcntl.LOCK_EX)
         try:
-            if target.exists():
-                prg = _from_binary(rt, target.read_bytes(), opts)
-                if prg is not None:
-                    return prg
+            prg = _load(rt, target, opts)  # another process may have built it while we waited
+            if prg is not None:
+                return prg
             prg = cl.Program(rt.ctx, source.read_text())
             try:
                 prg.build(options=opts)
@@ -226,13 +231,32 @@ def _build(rt: Runtime, source: Path, opts: list[str]):
                                       f"(options {' '.join(opts)}):\n{e}") from None
             binary = prg.get_info(cl.program_info.BINARIES)[0]
             if binary:
-                fd, tmp = tempfile.mkstemp(suffix=".bin", dir=root)
+                fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=root)
                 with os.fdopen(fd, "wb") as f:
-                    f.write(binary)
+                    f.write(_BIN_MAGIC + hashlib.sha256(binary).digest() + binary)
                 os.replace(tmp, target)  # atomic: no reader sees half a binary
             return prg
         finally:
             fcntl.flock(lockf, fcntl.LOCK_UN)
+
+
+# cache file = magic + sha256(binary) + the driver's binary.  The digest is checked before the driver
+# sees the bytes: PoCL 3.0 segfaults on a truncated or bit-flipped binary instead of rejecting it,
+# so a damaged cache file must never reach clCreateProgramWithBinary (it is rebuilt instead).
+_BIN_MAGIC = b"tessera-opencl-binary-1\n"
+
+
+def _load(rt: Runtime, target: Path, opts: list[str]):
+    """The program cached in ``target``, or None (absent, damaged, foreign or stale: rebuild)."""
+    try:
+        data = target.read_bytes()
+    except FileNotFoundError:
+        return None
+    n = len(_BIN_MAGIC)
+    digest, binary = data[n:n + 32], data[n + 32:]
+    if not data.startswith(_BIN_MAGIC) or not binary or hashlib.sha256(binary).digest() != digest:
+        return None
+    return _from_binary(rt, binary, opts)
 
 
 def _from_binary(rt: Runtime, binary: bytes, opts: list[str]):
@@ -282,7 +306,9 @@ def kernel(prg, name: str):
     cache = prg.__dict__.setdefault("_tsr_kernels", {}) if hasattr(prg, "__dict__") else {}
     k = cache.get(name)
     if k is None:
-        k = cache[name] = getattr(prg, name)
+        # (cl.Kernel(prg, name), as pyopencl recommends: getattr(prg, name) goes through
+        # Program.__getattr__, which counts retrievals and warns on the second)
+        k = cache[name] = _cl().Kernel(prg, name)
     return k
 
 
@@ -321,19 +347,58 @@ def round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def describe() -> dict:
-    info = {"installed": _importable(), "devices": [], "selected": None, "portable": portable()}
+# extensions the kernels use where present (and the portable paths replace), as `tessera info` shows them
+FEATURES = {"fp16": ("cl_khr_fp16",), "subgroups": ("cl_khr_subgroups", "cl_intel_subgroups"),
+            "integer_dot_product": ("cl_khr_integer_dot_product",)}
+
+
+def _device_type(d) -> str:
+    cl = _cl()
+    names = [n for n in ("GPU", "CPU", "ACCELERATOR", "CUSTOM") if d.type & getattr(cl.device_type, n, 0)]
+    return "|".join(names) or str(d.type)
+
+
+def _safe(get, default=None):
+    try:
+        return get()
+    except Exception:  # an optional query a driver does not answer (deprecated, or OpenCL 1.x)
+        return default
+
+
+def describe(probe: bool = True) -> dict:
+    """What ``tessera info`` prints: every platform and device (OpenCL C version, extensions, the
+    features the kernels use, unified memory), the device the backend selects and, with ``probe``,
+    the selected device's zero-copy probe (this creates its context: only ``info`` calls it)."""
+    info = {"installed": _importable(), "pyopencl": None, "platforms": [], "devices": [], "selected": None,
+            "portable": portable(), "env": _env.get("TESSERA_OPENCL_DEVICE")}
+    if info["installed"]:
+        info["pyopencl"] = _cl().VERSION_TEXT
+    seen = {}
     for label, p, d in devices():
-        info["devices"].append({"label": label, "opencl_c": d.opencl_c_version.strip(),
-                                "version": d.version.strip(), "unified_memory": bool(d.host_unified_memory),
-                                "compute_units": int(d.max_compute_units),
-                                "extensions": sorted(e for e in d.extensions.split()
-                                                     if e in ("cl_khr_fp16", "cl_khr_fp64", "cl_khr_subgroups",
-                                                              "cl_khr_integer_dot_product",
-                                                              "cl_intel_subgroups", "cl_khr_int64_base_atomics"))})
-    dev, why = _pick(_env.get("TESSERA_OPENCL_DEVICE")) if info["installed"] else (None, "pyopencl not installed")
+        pi = label.split(":", 1)[0]
+        if pi not in seen:
+            seen[pi] = {"index": int(pi), "name": p.name.strip(), "vendor": p.vendor.strip(), "version": p.version.strip()}
+            info["platforms"].append(seen[pi])
+        exts = sorted(d.extensions.split())
+        info["devices"].append({
+            "label": label, "index": len(info["devices"]), "type": _device_type(d),
+            "opencl_c": d.opencl_c_version.strip(), "version": d.version.strip(), "driver": d.driver_version.strip(),
+            "compute_units": int(d.max_compute_units), "max_work_group_size": int(d.max_work_group_size),
+            "global_mem_mib": int(d.global_mem_size) >> 20, "max_alloc_mib": int(d.max_mem_alloc_size) >> 20,
+            "unified_memory": _safe(lambda d=d: bool(d.host_unified_memory)),
+            "svm_capabilities": _safe(lambda d=d: int(d.svm_capabilities), 0),
+            "features": {f: any(e in exts for e in names) for f, names in FEATURES.items()},
+            "extensions": exts})
+    dev, why = _pick(_env.get("TESSERA_OPENCL_DEVICE")) if info["installed"] else (None, "pyopencl is not installed")
     info["selected"] = dev[0] if dev else None
     info["why_not"] = why
+    if dev is not None and probe:
+        try:
+            rt = runtime()
+            info["zero_copy"] = rt.zero_copy
+            info["fp16_arithmetic"] = bool(rt.fp16 and not portable())
+        except Exception as e:  # a device that lists but cannot create a context: show why
+            info["zero_copy"] = f"probe failed: {type(e).__name__}: {e}"
     return info
 
 
@@ -350,6 +415,21 @@ def row_local_size(n: int) -> int:
     while L < cap and L < n:
         L <<= 1
     return max(L, 1)
+
+
+def vec_local_size(n: int) -> int:
+    """Work-group size for a row kernel whose work-items take 8-element chunks (tsr_ld8/tsr_st8)
+    of an ``n``-element row: 1 on a CPU device -- PoCL vectorises across work-items only in
+    loop-free regions, while one work-item's float8 loop is already SIMD code (8192x4096 fp32
+    RMSNorm: 1 work-item per row ran ~2x faster than 64) -- else ``row_local_size`` of the chunks.
+    A device that says it is both (Oclgrind reports every type) gets the GPU geometry, so the
+    simulator checks the multi-work-item paths for races."""
+    rt = runtime()
+    cpu = rt.__dict__.get("_tsr_cpu")
+    if cpu is None:
+        t = _cl().device_type
+        cpu = rt._tsr_cpu = bool(rt.device.type & t.CPU) and not rt.device.type & t.GPU
+    return 1 if cpu else row_local_size(-(-n // 8))
 
 
 def row_groups(m: int) -> int:

@@ -225,19 +225,20 @@ def plot(report: dict, path: str) -> None:
             ax.set_xticks(range(len(sel)))
             ax.set_xticklabels([(r["case"] if r["case"] == r["shape"] else f"{r['case']}\n{r['shape']}")
                                 + f"\n{r['dir']}" for r in sel], fontsize=7)
-            for x, r in enumerate(sel):  # speedup of the (first) tessera backend vs eager / compile
-                sp = next(iter(r["speedup"].values()), {})
-                if sp:
+            for x, r in enumerate(sel):  # speedup of each tessera backend vs eager / compile
+                label = "\n".join((f"{k[len('tessera-'):]} " if len(r["speedup"]) > 1 else "")
+                                   + f"{_f(sp.get('eager'), '.1f')}x / {_f(sp.get('compile'), '.1f')}x"
+                                   for k, sp in r["speedup"].items())
+                if label:
                     top = max([v for v in r["pct_roofline"].values() if v] or [0])
-                    ax.text(x, top + 2, f"{_f(sp.get('eager'), '.1f')}x / {_f(sp.get('compile'), '.1f')}x",
-                            ha="center", va="bottom", fontsize=6)
+                    ax.text(x, top + 2, label, ha="center", va="bottom", fontsize=6)
             ax.set_ylabel("% of roofline")
             ax.set_title(f"{op} {dt}", fontsize=10)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
     roof = report["roofline"]
     fig.suptitle(f"tessera bench: % of each row's ceiling (NT copy / read pass of its bytes, or its dtype's peak), "
-                 f"{roof['threads']} threads; labels: speedup vs eager / vs compile", fontsize=10)
+                 f"{roof['threads']} threads; labels: speedup vs eager / vs compile (per backend)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -5,7 +5,7 @@ buffer it fills, faults, instead of silently reading or overwriting a neighbour.
 Why: the correctness matrix cannot see such reads (nor writes, below). An over-read lands in
 whatever the allocator put next to the tensor, and a masked-off or padded lane often multiplies it
 by zero, so outputs stay right while the kernel still touches memory it does not own (and crashes
-the day that memory is unmapped). Here every tensor input of a cpu-backend cell is copied into its
+the day that memory is unmapped). Here every tensor input of a cpu (or opencl) cell is copied into its
 own anonymous mapping whose neighbouring page is ``PROT_NONE``, keeping its shape and strides (a
 view of a wider buffer stays a view, a broadcast row stays stride 0); the cell then runs forward and
 backward and must still pass. Every buffer the kernels write (outputs, gradients, workspaces: all
@@ -15,9 +15,16 @@ fp32 parameter copies, ``_library.contiguous``) are placed the same way through
 end of a heap buffer usually lands in allocator slack and goes unseen until it corrupts a
 neighbour).
 
-``python -m tessera.testing.fence OP`` runs every cpu cell of OP twice, with the inputs, outputs and
-gradients ending at the fence and then starting right after it, printing each cell's name before it
-runs: a fault kills the process with SIGSEGV, and ``tests/test_fenced_reads.py`` reports the last
+The opencl backend is fenced the same way: its buffers are ``CL_MEM_USE_HOST_PTR`` over the
+tensors' own memory, so on a zero-copy device (PoCL) a kernel reading or writing outside a buffer
+touches the faulting page too (on a copying device the fence would only see the host side).
+
+``python -m tessera.testing.fence OP [OP ...] [--backend cpu,opencl]`` runs every cell of OP on
+those backends (default: the native backends that run here, less the Triton interpreter, whose
+loads and stores are numpy's) twice, with the inputs, outputs and gradients ending at the fence
+and then starting right after it (cases tagged ``large`` of backends other than cpu: at the end
+only, see ``LARGE_BOTH_SIDES``), printing each cell's name before it runs: a fault kills the
+process with SIGSEGV, and ``tests/test_fenced_reads.py`` reports the last
 name printed. Upstream gradients of the backward pass are fenced the same way. Loads the kernels
 mask off do not fault (AVX-512 masked loads suppress faults on masked lanes), and prefetches never
 fault.
@@ -98,15 +105,30 @@ def run_cell(spec, backend: str, dtype: torch.dtype, case, side: str = "end"):
         return run_case(spec, backend, dtype, case, place=lambda t: fenced(t, side))
 
 
-def run_op(name: str, sides=("end", "start")) -> int:
-    """Every cpu cell of op ``name`` with fenced inputs, outputs and gradients; returns the number of
-    failed cells."""
+def fenced_backends() -> tuple[str, ...]:
+    """The backends whose kernels touch tensor memory natively here: the native backends that run,
+    less the Triton interpreter (its loads and stores are numpy's on CPU copies)."""
+    from .._registry import native_backends
+    return tuple(b for b in native_backends() if b != "triton")
+
+
+# backends whose cases tagged "large" (> 4096-wide rows, long sequences) run fenced on both sides;
+# the others run them at the end side only (a tail read past the end is the common slip; the
+# small odd sizes cover both sides): the opencl large cells doubled the file's time on 2 cores
+LARGE_BOTH_SIDES = ("cpu",)
+
+
+def run_op(name: str, sides=("end", "start"), backends=None) -> int:
+    """Every cell of op ``name`` on ``backends`` (default :func:`fenced_backends`) with fenced
+    inputs, outputs and gradients; returns the number of failed cells."""
     import tessera  # noqa: F401  (registers the ops)
     from .matrix import cells
 
     bad = 0
     for side in sides:
-        for spec, backend, dtype, case in cells(backends=("cpu",), ops=[name]):
+        for spec, backend, dtype, case in cells(backends=tuple(backends or fenced_backends()), ops=[name]):
+            if "large" in case.tags and side != "end" and backend not in LARGE_BOTH_SIDES:
+                continue
             cell = f"{name}-{backend}-{str(dtype).replace('torch.', '')}-{case.name} [{side}]"
             print(cell, flush=True)
             r = run_cell(spec, backend, dtype, case, side)
@@ -117,4 +139,10 @@ def run_op(name: str, sides=("end", "start")) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(1 if sum(run_op(n) for n in sys.argv[1:]) else 0)
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m tessera.testing.fence")
+    ap.add_argument("ops", nargs="+")
+    ap.add_argument("--backend", help="comma-separated backends (default: the native ones that run here)")
+    a = ap.parse_args()
+    bs = [b for b in (a.backend or "").split(",") if b] or None
+    sys.exit(1 if sum(run_op(n, backends=bs) for n in a.ops) else 0)

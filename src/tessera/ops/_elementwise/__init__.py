@@ -13,6 +13,7 @@ common lives here:
 * ``_elementwise/ref.py``       float64 math with exact +-inf limits, reference-backend kernels;
 * ``_elementwise/cpu.py``       ctypes launchers of ``activations.c`` (all kinds, fwd + bwd);
 * ``_elementwise/triton.py``    one Triton kernel specialised per (unary/gated, fwd/bwd, kind);
+* ``_elementwise/opencl.py``    launchers of ``activations.cl`` (OpenCL C, all kinds, fwd + bwd);
 * this module                   input checks, row views, test/bench cases and byte models.
 
 Kernel modules see row views (2-D, unit inner stride, any row stride including 0)

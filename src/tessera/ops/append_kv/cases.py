@@ -80,6 +80,8 @@ def cases(quantised: bool):
     out = []
     for fmt in QMAX:
         out += [_build(*s, variant=fmt, tags={"nograd"}) for s in _shapes()]
+        # a tiny one too (a few hundred elements: what the Oclgrind run can afford)
+        out.append(_build("b2-n3-tiny-d12-p4", 2, 3, 1, 12, 4, [1, 6], variant=fmt, tags={"nograd"}))
         out.append(_build("special", 2, 2, 2, 64, 16, [5, 15], variant=fmt, special=True, tags={"extreme", "nograd"}))
     return out
 

@@ -14,9 +14,11 @@ a loss contributes no gradient.
 
 The public layer packs every call into the varlen form ((B*S, H, D) + cu_seqlens [0, S, 2S, ...])
 before a kernel module sees it: see ``attn_interface`` in the kernel modules (``ref.py``, ``cpu.py``,
-``triton.py``).  Accumulation is fp32 for every input dtype; the CPU kernel is a tiled
+``triton.py``, ``opencl.py``).  Accumulation is fp32 for every input dtype; the CPU kernel is a tiled
 online-softmax (FlashAttention-2) forward and a recompute-from-lse backward (attention_fwd.c,
-attention_bwd.c, attn_tiles.c; see cpu.py).
+attention_bwd.c, attn_tiles.c; see cpu.py).  The opencl backend has the forward only (a work-group per
+(block of query rows, head) with K/V tiles in local memory: attention.cl; a gradient request
+raises BackendError there).
 
 Roofline: compute-bound; FLOPs count only allowed (i, j) score entries: 4*D per entry forward
 (QK^T and PV), 2.5x that backward (FlashAttention's convention).  Bytes: q, k, v read and out (+lse)

@@ -66,6 +66,9 @@ def _cases():
         _case("d128-s33", 1, 33, 33, H, K, 128),
         _case("d256-s20", 1, 20, 20, 2, 1, 256, causal=True),
         _case("d7-s9", 2, 9, 9, 2, 2, 7),
+        # tiny masked / GQA / varlen cases (a few hundred elements: what the Oclgrind run can afford)
+        _case("tiny-d5-window-softcap-gqa", 1, 9, 11, 4, 2, 5, causal=True, window=(3, 1), softcap=3.0),
+        _case("tiny-varlen-d6-causal", 0, 0, 0, 2, 1, 6, lens=((3, 0, 5), (2, 4, 6)), causal=True, return_lse=True),
         _case("window8-0-s65", 1, 65, 65, H, K, 64, window=(8, 0)),
         _case("window4-4-s65", 1, 65, 65, H, K, 64, window=(4, 4), return_lse=True),
         _case("window-causal-q20-k50", 1, 20, 50, H, K, 64, causal=True, window=(6, -1)),
@@ -143,7 +146,7 @@ def build_spec(fn, ref, eager):
     return OpSpec(
         name="attention", fn=fn, ref=ref, eager=eager,
         kernels={"reference": "tessera.ops.attention.ref", "cpu": "tessera.ops.attention.cpu",
-                 "triton": "tessera.ops.attention.triton"},
+                 "triton": "tessera.ops.attention.triton", "opencl": "tessera.ops.attention.opencl"},
         cases=_cases(), grad_inputs=("q", "k", "v"),
         bytes_fwd=_bytes_fwd, bytes_bwd=_bytes_bwd,
         flops_fwd=_flops_fwd, flops_bwd=lambda kw: int(2.5 * _flops_fwd(kw)),

@@ -14,7 +14,9 @@ fp32 accumulation on every backend; out has q's dtype.  Inference only (no gradi
 
 Kernels are flash-decoding: the keys of each (sequence, kv head) are cut into splits
 processed in parallel (partial max / sum / accumulator per split, one combine pass), each
-task serving the whole GQA group so every K/V byte is read once.
+task serving the whole GQA group so every K/V byte is read once.  The opencl kernel
+(decode_attention.cl) does the same with one work-group per (sequence, kv head, split), the
+scores, probabilities and row indices of a tile of keys in local memory.
 
 Roofline (bytes that must cross DRAM): the K and V rows attended (+ their scales), q and out;
 all but q/out are reads, so ``tessera bench`` judges the rate against a read-only pass over
@@ -168,7 +170,7 @@ def _paged_read(kw):
 SPEC = register_op(OpSpec(
     name=OP, fn=decode_attention, ref=decode_attention_ref, eager=decode_attention_eager,
     kernels={"reference": "tessera.ops.decode_attention.ref", "cpu": "tessera.ops.decode_attention.cpu",
-             "triton": "tessera.ops.decode_attention.triton"},
+             "triton": "tessera.ops.decode_attention.triton", "opencl": "tessera.ops.decode_attention.opencl"},
     cases=cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bench_cases=bench_cases(),
     bound="read",  # the KV cache is read once; judged against a read-only pass over its bytes
     layout_read=_paged_read,  # ... and against a plain read of the same scattered pages

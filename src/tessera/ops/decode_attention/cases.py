@@ -72,6 +72,9 @@ def cases():
     for variant in CACHE_VARIANTS[1:]:
         for name, B, Hq, Hk, D, P, sl, opt in (_SHAPES[1], _SHAPES[2], _SHAPES[4]):
             out.append(build(name, B, Hq, Hk, D, P, sl, variant=variant, tags={"nograd"}, **opt))
+        # every cache dtype in a tiny case too (a few hundred elements: what the Oclgrind run can afford)
+        out.append(build("b2-tiny-d12-p4-gqa3-window", 2, 3, 1, 12, 4, [3, 6], variant=variant, window=5,
+                         softcap=3.0, tags={"nograd"}))
     # a longer context with several splits per (sequence, kv head) on the CPU backend
     out.append(build("b2-long-1500", 2, 8, 2, 128, 16, [1500, 777], tags={"nograd", "large"}))
     out.append(build("b2-long-1500", 2, 8, 2, 128, 16, [1500, 777], variant=torch.int8, tags={"nograd", "large"}))

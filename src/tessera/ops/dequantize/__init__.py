@@ -13,6 +13,9 @@ values [..., K].
 otherwise.  The fp32 product, then one round-to-nearest-even to ``dtype``, is computed the same
 way by every backend (bit-identical results).  No gradient.
 
+Kernels: reference, cpu (dequantize.c), triton, opencl (dequantize.cl: fp8 decoded from the
+bits exactly, also on devices that flush fp32 subnormals).
+
 Roofline: read the codes (+ scales), write K values per row in ``dtype``.
 """
 from __future__ import annotations
@@ -165,7 +168,7 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=dequantize_blocks, ref=dequantize_blocks_ref, eager=dequantize_blocks_eager,
     kernels={"reference": "tessera.ops.dequantize.ref", "cpu": "tessera.ops.dequantize.cpu",
-             "triton": "tessera.ops.dequantize.triton"},
+             "triton": "tessera.ops.dequantize.triton", "opencl": "tessera.ops.dequantize.opencl"},
     cases=_cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, bench_cases=_bench_cases(),
     fuzz="test_quant_formats.py",  # inputs are codes + scales of coupled shapes: fuzzed there
 ))

@@ -88,7 +88,8 @@ _VARIANTS = [("none-", {"approximate": "none"}), ("tanh-", {"approximate": "tanh
 SPEC = register_op(OpSpec(
     name=OP, fn=geglu, ref=geglu_ref, eager=geglu_eager,
     kernels={"reference": "tessera.ops.geglu.ref", "cpu": "tessera.ops.geglu.cpu",
-             "triton": "tessera.ops.geglu.triton"},
+             "triton": "tessera.ops.geglu.triton",
+             "opencl": "tessera.ops.geglu.opencl"},
     cases=ew.gated_cases(_VARIANTS), grad_inputs=("gate", "up"),
     bytes_fwd=ew.gated_bytes_fwd, bytes_bwd=ew.gated_bytes_bwd,
     flops_fwd=lambda kw: 9 * kw["gate"].numel(),

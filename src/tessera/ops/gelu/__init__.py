@@ -83,7 +83,8 @@ _VARIANTS = [("none-", {"approximate": "none"}), ("tanh-", {"approximate": "tanh
 SPEC = register_op(OpSpec(
     name=OP, fn=gelu, ref=gelu_ref, eager=gelu_eager,
     kernels={"reference": "tessera.ops.gelu.ref", "cpu": "tessera.ops.gelu.cpu",
-             "triton": "tessera.ops.gelu.triton"},
+             "triton": "tessera.ops.gelu.triton",
+             "opencl": "tessera.ops.gelu.opencl"},
     cases=ew.unary_cases(_VARIANTS), grad_inputs=("x",),
     bytes_fwd=ew.unary_bytes_fwd, bytes_bwd=ew.unary_bytes_bwd,
     flops_fwd=lambda kw: 8 * kw["x"].numel(),   # exp + a short polynomial / cubic per element

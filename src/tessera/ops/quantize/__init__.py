@@ -25,7 +25,9 @@ Codes, scales and zeros are bit-identical on every backend.  No gradient.
 
 Kernels: reference (torch, the contract), cpu (C: per-row blocks in one pass over a
 cache-resident row, other blocks in two passes -- block statistics, then codes), triton
-(statistics kernel + code kernel; fp8 through uint8 views, RNE with the interpreter-safe rint).
+(statistics kernel + code kernel; fp8 through uint8 views, RNE with the interpreter-safe rint),
+opencl (quantize.cl: per-row blocks in one kernel, other blocks statistics / merge / codes;
+correctly rounded divisions on any device, csrc/opencl/tessera_quant_cl.h).
 
 Roofline: read x once (twice for multi-row blocks), write the codes (+ scales).
 """
@@ -237,7 +239,7 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=quantize_blocks, ref=quantize_blocks_ref, eager=quantize_blocks_ref,
     kernels={"reference": "tessera.ops.quantize.ref", "cpu": "tessera.ops.quantize.cpu",
-             "triton": "tessera.ops.quantize.triton"},
+             "triton": "tessera.ops.quantize.triton", "opencl": "tessera.ops.quantize.opencl"},
     cases=_cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, bench_cases=_bench_cases(),
     # the scale (output 1) is fp32 whatever x's dtype, and part of the format: the contract fixes
     # it bit for bit (one correctly rounded fp32 division), so it is compared with zero tolerance

@@ -24,10 +24,11 @@ def forward(x, weight, residual, eps):
     if M == 0:
         return y, h, rstd
     w = as_fp32_param(weight)
-    L = cl.row_local_size(N)
+    L = cl.vec_local_size(N)
     args = [cl.buffer(x), cl.i64(x.stride(0)), cl.buffer(residual), cl.i64(0 if residual is None else residual.stride(0)),
             cl.i32(residual is not None), cl.buffer(w), cl.i32(w is not None), by := cl.buffer(y), bh := cl.buffer(h),
-            br := cl.buffer(rstd), cl.i64(N), cl.f32(eps), cl.local_floats(L)]
+            br := cl.buffer(rstd), cl.i64(M), cl.i64(N), cl.f32(eps), cl.local_floats(L)]
+    # one row per work-group: the groups are the device's unit of load balance
     cl.launch(_prg(x.dtype), "rms_norm_fwd", (M * L,), (L,), args, written=(by, bh if h is not None else None, br))
     return y, h, rstd
 
@@ -41,7 +42,7 @@ def backward(dy, dh, h, weight, rstd, eps):
             dw.zero_()
         return dx, dw
     w = as_fp32_param(weight)
-    L = cl.row_local_size(N)
+    L = cl.vec_local_size(N)
     G = cl.row_groups(M)
     per = -(-M // G)
     G = -(-M // per)
@@ -56,5 +57,5 @@ def backward(dy, dh, h, weight, rstd, eps):
               written=(bdx, bpart if part is not None else None))
     if dw is not None:
         bdw = cl.buffer(dw)
-        cl.launch(prg, "rms_norm_dw", (cl.round_up(N, 64),), None, [bpart, cl.i64(G), cl.i64(N), bdw], written=(bdw,))
+        cl.launch(prg, "rms_norm_dw", (-(-N // 8),), None, [bpart, cl.i64(G), cl.i64(N), bdw], written=(bdw,))
     return dx, dw

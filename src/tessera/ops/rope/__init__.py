@@ -22,7 +22,8 @@ outputs use the plain fp32 formula (its error is far below their own rounding).
 Position ids are checked on the host (one min/max over batch*seq ints, negligible next to
 the heads*head_dim elements per token the op moves; on a GPU it costs one sync): an id
 outside [0, max_positions) is a ValueError.  The kernels are also safe on their own: the
-CPU kernel returns an error for such an id, the Triton kernel masks the table read.
+CPU kernel returns an error for such an id, the OpenCL kernel flags it (the launcher raises), the
+Triton kernel masks the table read.
 
 Backward (one fused kernel per backend, ``tessera::rope_backward``): the gradient of a
 rotation is the rotation by the opposite angle, so dq/dk are the same kernel with sin
@@ -222,7 +223,7 @@ from . import cases as _cases  # noqa: E402  (cases import rope_cache only)
 SPEC = register_op(OpSpec(
     name=OP, fn=rope, ref=rope_ref, eager=rope_eager,
     kernels={"reference": "tessera.ops.rope.ref", "cpu": "tessera.ops.rope.cpu",
-             "triton": "tessera.ops.rope.triton"},
+             "triton": "tessera.ops.rope.triton", "opencl": "tessera.ops.rope.opencl"},
     cases=_cases.cases(), grad_inputs=("q", "k"),
     bytes_fwd=_bytes, bytes_bwd=_bytes, flops_fwd=_flops, flops_bwd=_flops,
     bench_cases=_cases.bench_cases(),

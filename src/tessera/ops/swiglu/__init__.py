@@ -82,7 +82,8 @@ _VARIANTS = [("", {})]
 SPEC = register_op(OpSpec(
     name=OP, fn=swiglu, ref=swiglu_ref, eager=swiglu_eager,
     kernels={"reference": "tessera.ops.swiglu.ref", "cpu": "tessera.ops.swiglu.cpu",
-             "triton": "tessera.ops.swiglu.triton"},
+             "triton": "tessera.ops.swiglu.triton",
+             "opencl": "tessera.ops.swiglu.opencl"},
     cases=ew.gated_cases(_VARIANTS), grad_inputs=("gate", "up"),
     bytes_fwd=ew.gated_bytes_fwd, bytes_bwd=ew.gated_bytes_bwd,
     flops_fwd=lambda kw: 5 * kw["gate"].numel(),

@@ -1,0 +1,171 @@
+/* activations.cl -- SiLU, GELU (erf and tanh forms), SwiGLU and GeGLU, forward and fused
+ * backward, for the opencl backend (OpenCL C 1.2; launchers: _elementwise/opencl.py).
+ *
+ *   unary:  y = act(x)                 dx = dy * act'(x)
+ *   gated:  out = act(gate) * up       dgate = dy * up * act'(gate),  dup = dy * act(gate)
+ *
+ * act, in fp32 for every storage dtype -- the formulas and numerics of the cpu kernel
+ * (activations.c, portable path), with the same error against float64 (fp32 forward on
+ * [-40, 40]: max abs 1.3e-6 silu, 4.2e-7 gelu, 5.2e-7 gelu_tanh, on both backends):
+ *   silu       x * s(x),     s = sigmoid,  act' = s (1 + x (1 - s))
+ *   gelu       x * Phi(x),   Phi = normal CDF,  act' = Phi + x phi(x),  phi = exp(-x^2/2) / sqrt(2 pi)
+ *   gelu_tanh  x * s(z),     z = 2u, u = sqrt(2/pi) (x + 0.044715 x^3)  (0.5 x (1 + tanh u)
+ *                            = x s(2u): one exp, no tanh),  act' = s + x s (1 - s) z'
+ *
+ * Numerics:
+ * - exp is tsr_exp (tessera_cl.h, < 1 ulp): PoCL's built-in exp/erfc/fmin/fmax are out-of-line
+ *   calls that stop the work-item loop from vectorising (4x slower here).  No native_* or
+ *   relaxed math either: those may lose the limits or drift per device.
+ * - 1 - s without cancellation: e s for z >= 0 (e = exp(-z) <= 1), else 1 - s (s <= 1/2).
+ * - GELU: Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), t P(t) exp(-a^2) = erfc(a) with
+ *   a = |x| / sqrt2, so Phi = erfc(a)/2 for x < 0 and 1 - erfc(a)/2 otherwise: no 1 + erf
+ *   cancellation for negative x, and exp(-a^2) = exp(-x^2/2) is phi's exponential too (one
+ *   exp per element, forward and backward).
+ * - Limits exact at +-inf (act(-inf) = 0, act(+inf) = +inf, act'(-inf) = 0, act'(+inf) = 1)
+ *   and NaN propagates: the math runs on x clamped to +-FLT_MAX by comparisons (false for
+ *   NaN, so NaN is kept), so x s never becomes inf * 0, and act(+inf) passes through as
+ *   +inf.  gelu_tanh's act' clamps x to +-1e6 once more so x^2 stays finite (beyond it
+ *   s (1 - s) is exactly 0 in fp32).
+ *
+ * Layout and parallelism.  Inputs are row views (unit inner stride, any row stride: 0 for a
+ * broadcast row, 2n for a chunk of a fused projection; int64 offsets); outputs are
+ * contiguous.  The NDRange is 2-D: dimension 1 is the row, dimension 0 the column, one
+ * element per work-item, so neighbouring work-items touch neighbouring elements (coalesced
+ * on a GPU; PoCL vectorises the work-item loop across them, 8 lanes with AVX2).  When every
+ * input's rows follow each other the launcher passes the problem as one row of M*N
+ * elements, so short rows do not leave lanes idle.  Each op has two kernels: <op>_<kind>
+ * covers whole work-groups of columns, all inside the row, with no bound check at all, and
+ * <op>_<kind>_tail covers the rest of each row (fewer columns than a work-group) and tests
+ * j < N.  A check inside the main kernel -- per element, or even per work-group, uniform
+ * across its work-items -- kept PoCL from vectorising the body (2.5-4x slower).
+ *
+ * Storage: fp32 as is, bf16 by tessera_cl.h's integer RNE, fp16 by its integer conversions
+ * (bit-exact with vload_half / vstore_half_rte, which PoCL compiles as out-of-line calls that
+ * keep the work-item loop scalar: 6x slower).  No fp16 arithmetic even where cl_khr_fp16
+ * exists: the contract is fp32 math for every dtype.
+ */
+#include "tessera_cl.h"
+
+/* Element access: tsr_ld / tsr_st, except fp16 (see Storage above). */
+#if TSR_DTYPE == 1
+#define act_ld(p, i) tsr_half_to_f32(((__global const ushort *)(p))[(i)])
+#define act_st(p, i, v) (((__global ushort *)(p))[(i)] = tsr_f32_to_half(v))
+#else
+#define act_ld(p, i) tsr_ld(p, i)
+#define act_st(p, i, v) tsr_st(p, i, v)
+#endif
+
+#define ACT_SQRT1_2 0.70710678118654752f
+#define ACT_INV_SQRT_2PI 0.39894228040143268f
+#define ACT_2_SQRT_2_PI 1.5957691216057308f /* 2 sqrt(2/pi) */
+#define ACT_TANH_K 0.044715f
+
+/* +-inf -> +-FLT_MAX, NaN stays NaN (comparisons with NaN are false). */
+inline float act_finite(float x) {
+    x = x > FLT_MAX ? FLT_MAX : x;
+    return x < -FLT_MAX ? -FLT_MAX : x;
+}
+
+/* act(+inf) = +inf: the value computed from the clamped input is FLT_MAX * 1. */
+inline float act_pos_inf(float xin, float y) { return xin > FLT_MAX ? xin : y; }
+
+/* Each act_<kind> returns act(x) and writes act'(x) to *d; forward kernels drop *d, and the
+ * compiler drops its arithmetic with it. */
+inline float act_silu(float xin, float *d) {
+    const float x = act_finite(xin);
+    const float e = tsr_exp(-x); /* inf for x < -88.7: s = 0 */
+    const float s = 1.0f / (1.0f + e);
+    const float s1m = x >= 0.0f ? e * s : 1.0f - s;
+    *d = s * (1.0f + x * s1m);
+    return act_pos_inf(xin, x * s);
+}
+
+inline float act_gelu(float xin, float *d) {
+    const float x = act_finite(xin);
+    const float a = (x < 0.0f ? -x : x) * ACT_SQRT1_2;
+    const float e = tsr_exp(-a * a); /* exp(-x^2/2); 0 once a^2 > 104 (or overflows) */
+    const float t = 1.0f / (1.0f + 0.3275911f * a);
+    const float p = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
+                    t * (-1.453152027f + t * 1.061405429f))));
+    const float h = 0.5f * p * e; /* erfc(a) / 2 = Phi(-|x|) */
+    const float Phi = x >= 0.0f ? 1.0f - h : h;
+    *d = Phi + x * (e * ACT_INV_SQRT_2PI);
+    return act_pos_inf(xin, x * Phi);
+}
+
+inline float act_gelu_tanh(float xin, float *d) {
+    const float x = act_finite(xin);
+    const float z = ACT_2_SQRT_2_PI * x * (1.0f + ACT_TANH_K * x * x);
+    const float e = tsr_exp(-z);
+    const float s = 1.0f / (1.0f + e);
+    const float s1m = z >= 0.0f ? e * s : 1.0f - s;
+    float xd = x > 1e6f ? 1e6f : x;
+    xd = xd < -1e6f ? -1e6f : xd;
+    const float dz = ACT_2_SQRT_2_PI * (1.0f + 3.0f * ACT_TANH_K * xd * xd);
+    *d = s + xd * (s * s1m) * dz;
+    return act_pos_inf(xin, x * s);
+}
+
+/* The element of this work-item: row i = dimension 1, column j = j0 + dimension 0; the
+ * main kernels pass GUARD = 1, the _tail kernels j < N (see Layout above). */
+#define ACT_ELEMENT(GUARD)                                                               \
+    const long i = get_global_id(1), j = j0 + (long)get_global_id(0);                    \
+    if (GUARD)
+
+/* Parameters and bodies of the four ops: inputs with their row strides s<name> (elements),
+ * then the contiguous outputs of row length N, then the first column j0 of the launch. */
+#define ACT_FWD_PARAMS __global const TSR_T *x, long sx, __global TSR_T *y, long N, long j0
+#define ACT_BWD_PARAMS __global const TSR_T *dy, long sdy, __global const TSR_T *x, long sx, \
+                       __global TSR_T *dx, long N, long j0
+#define GLU_FWD_PARAMS __global const TSR_T *gate, long sg, __global const TSR_T *up, long su, \
+                       __global TSR_T *out, long N, long j0
+#define GLU_BWD_PARAMS __global const TSR_T *dy, long sdy, __global const TSR_T *gate, long sg, \
+                       __global const TSR_T *up, long su, __global TSR_T *dgate, __global TSR_T *dup, \
+                       long N, long j0
+
+#define ACT_FWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
+    float d;                                                                               \
+    act_st(y + i * N, j, F(act_ld(x + i * sx, j), &d)); }
+#define ACT_BWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
+    float d;                                                                               \
+    (void)F(act_ld(x + i * sx, j), &d);                                                    \
+    act_st(dx + i * N, j, act_ld(dy + i * sdy, j) * d); }
+#define GLU_FWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
+    float d;                                                                               \
+    const float a = F(act_ld(gate + i * sg, j), &d);                                       \
+    act_st(out + i * N, j, a * act_ld(up + i * su, j)); }
+#define GLU_BWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
+    float d;                                                                               \
+    const float a = F(act_ld(gate + i * sg, j), &d);                                       \
+    const float g = act_ld(dy + i * sdy, j);                                               \
+    act_st(dgate + i * N, j, g * act_ld(up + i * su, j) * d);                              \
+    act_st(dup + i * N, j, g * a); }
+
+/* <op>_<kind>: whole work-groups, unguarded; <op>_<kind>_tail: the rest of each row. */
+__kernel void act_fwd_silu(ACT_FWD_PARAMS) { ACT_FWD(act_silu, 1) }
+__kernel void act_fwd_silu_tail(ACT_FWD_PARAMS) { ACT_FWD(act_silu, j < N) }
+__kernel void act_fwd_gelu(ACT_FWD_PARAMS) { ACT_FWD(act_gelu, 1) }
+__kernel void act_fwd_gelu_tail(ACT_FWD_PARAMS) { ACT_FWD(act_gelu, j < N) }
+__kernel void act_fwd_gelu_tanh(ACT_FWD_PARAMS) { ACT_FWD(act_gelu_tanh, 1) }
+__kernel void act_fwd_gelu_tanh_tail(ACT_FWD_PARAMS) { ACT_FWD(act_gelu_tanh, j < N) }
+
+__kernel void act_bwd_silu(ACT_BWD_PARAMS) { ACT_BWD(act_silu, 1) }
+__kernel void act_bwd_silu_tail(ACT_BWD_PARAMS) { ACT_BWD(act_silu, j < N) }
+__kernel void act_bwd_gelu(ACT_BWD_PARAMS) { ACT_BWD(act_gelu, 1) }
+__kernel void act_bwd_gelu_tail(ACT_BWD_PARAMS) { ACT_BWD(act_gelu, j < N) }
+__kernel void act_bwd_gelu_tanh(ACT_BWD_PARAMS) { ACT_BWD(act_gelu_tanh, 1) }
+__kernel void act_bwd_gelu_tanh_tail(ACT_BWD_PARAMS) { ACT_BWD(act_gelu_tanh, j < N) }
+
+__kernel void glu_fwd_silu(GLU_FWD_PARAMS) { GLU_FWD(act_silu, 1) }
+__kernel void glu_fwd_silu_tail(GLU_FWD_PARAMS) { GLU_FWD(act_silu, j < N) }
+__kernel void glu_fwd_gelu(GLU_FWD_PARAMS) { GLU_FWD(act_gelu, 1) }
+__kernel void glu_fwd_gelu_tail(GLU_FWD_PARAMS) { GLU_FWD(act_gelu, j < N) }
+__kernel void glu_fwd_gelu_tanh(GLU_FWD_PARAMS) { GLU_FWD(act_gelu_tanh, 1) }
+__kernel void glu_fwd_gelu_tanh_tail(GLU_FWD_PARAMS) { GLU_FWD(act_gelu_tanh, j < N) }
+
+__kernel void glu_bwd_silu(GLU_BWD_PARAMS) { GLU_BWD(act_silu, 1) }
+__kernel void glu_bwd_silu_tail(GLU_BWD_PARAMS) { GLU_BWD(act_silu, j < N) }
+__kernel void glu_bwd_gelu(GLU_BWD_PARAMS) { GLU_BWD(act_gelu, 1) }
+__kernel void glu_bwd_gelu_tail(GLU_BWD_PARAMS) { GLU_BWD(act_gelu, j < N) }
+__kernel void glu_bwd_gelu_tanh(GLU_BWD_PARAMS) { GLU_BWD(act_gelu_tanh, 1) }
+__kernel void glu_bwd_gelu_tanh_tail(GLU_BWD_PARAMS) { GLU_BWD(act_gelu_tanh, j < N) }

@@ -1,0 +1,15 @@
+"""SwiGLU OpenCL launcher (kernel: ops/_elementwise/activations.cl)."""
+from __future__ import annotations
+
+from .._elementwise import SILU
+from .._elementwise import opencl as _k
+
+DTYPES = _k.DTYPES
+
+
+def forward(gate, up):
+    return _k.gated_forward(SILU, gate, up)
+
+
+def backward(dy, gate, up):
+    return _k.gated_backward(SILU, dy, gate, up)
