@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tessera
-from tessera import _registry
+from tessera import _library, _registry
 
 SKIP_TAGS = {"large", "extreme", "empty", "layout"}
 # the native backends that run here (cpu; opencl where a device is found; triton under the interpreter)
@@ -31,9 +31,12 @@ def _small_case(spec, dtype=None):
 
 @pytest.fixture
 def clean_selection(monkeypatch):
-    """No TESSERA_BACKEND from the caller's environment; a private selection memo."""
+    """No TESSERA_BACKEND from the caller's environment; a private selection memo; no C++ fast
+    path (these tests spy on the Python launchers, which it does not call: tests/test_fastpath.py
+    checks its own backend choice)."""
     monkeypatch.delenv("TESSERA_BACKEND", raising=False)
     monkeypatch.setattr(_registry, "_selected", {})
+    monkeypatch.setattr(_library, "_FAST", {})
     return monkeypatch
 
 
@@ -42,12 +45,17 @@ def spied(request, clean_selection):
     """(spec, kwargs, calls): calls collects the backend name of every forward kernel run."""
     spec = tessera.OPS[request.param]
     calls: list[str] = []
+    patched = set()
     for backend in [b for b in ("reference",) + NATIVE if b in spec.kernels]:
         mod = importlib.import_module(spec.kernels[backend])
+        if mod in patched:   # the edge-CPU backends share one launcher module, bound per target
+            continue
+        patched.add(mod)
         orig = mod.forward
 
         def spy(*a, _orig=orig, _b=backend, **k):
-            calls.append(_b)
+            from tessera.backends import cross   # (the target a shared edge-CPU launcher runs for)
+            calls.append(cross._target.get() or _b)
             return _orig(*a, **k)
 
         clean_selection.setattr(mod, "forward", spy)

@@ -4,7 +4,7 @@ The largest |int8 x int8| sum is K * (-128) * (-128) = K * 2^14: it fits int32 f
 and is exactly 2^31 (wrapping to -2^31) at K = 131072.  So:
 
 * K = 131071 with every term (-128) * (-128) (and a row of (-128) * 127) gives the exact
-  sums on reference, cpu and triton, bit for bit, for int8 and int16 ``a``;
+  sums on reference, cpu, triton and opencl, bit for bit, for int8 and int16 ``a``;
 * K = 131072 is rejected with an error naming the argument and the bound, by int_mm and by the
   linears built on the same accumulators (the reference, called directly, raises instead of
   wrapping, so it can never agree with a kernel on a wrapped value);
@@ -22,7 +22,7 @@ import tessera
 from tessera._registry import supports
 from tessera.ops._qlinear_int8.ref import int_mm_ref
 
-BACKENDS = ("reference", "cpu", "triton")
+BACKENDS = ("reference", "cpu", "triton", "opencl")
 EDGE_K = 131071
 
 

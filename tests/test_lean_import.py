@@ -99,12 +99,17 @@ def test_first_cpu_call_builds_only_its_library(tmp_path):
     """The control for the test above: a cpu call does build and load (exactly its own library)."""
     import tessera
     name = "rms_norm" if "rms_norm" in tessera.OPS else sorted(tessera.OPS)[0]
-    p = subprocess.run([sys.executable, "-c", _FIRST_CALL, name], env=_env(tmp_path), capture_output=True,
-                       text=True, timeout=600)
+    # (TESSERA_FASTPATH=0: the C++ fast path's ~20 s first build is not this test's subject; its
+    # files would be one more glue extension, see tests/test_fastpath.py)
+    p = subprocess.run([sys.executable, "-c", _FIRST_CALL, name], env=_env(tmp_path, TESSERA_FASTPATH="0"),
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert len(r["loaded"]) == 1 and r["loaded"][0].startswith(name + "-"), r["loaded"]
-    assert [f for f in r["files"] if f.endswith(".so")] == [r["loaded"][0] + ".so"], r["files"]
+    # its kernel library, and the launch glue every cpu call uses (tessera/_fastcall.py)
+    sos = [f for f in r["files"] if f.endswith(".so")]
+    assert sorted(sos) == sorted([r["loaded"][0] + ".so"] + [f for f in sos if f.startswith("fastcall-")]), r["files"]
+    assert len(sos) <= 2, r["files"]
     # (torch itself imports triton on the first custom-op call: its dynamo guard probes for the
     # package; so only tessera's own triton kernels are asserted absent here)
     assert r["triton_kernels"] == [] and not r["cuda"]

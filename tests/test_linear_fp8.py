@@ -20,7 +20,8 @@ from tessera.testing.matrix import run_case
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 TRITON = triton_backend.interpreted() and tessera._registry.backend_available("triton", torch.device("cpu"))[0]
-BACKENDS = ["reference", "cpu"] + (["triton"] if TRITON else [])
+OPENCL = tessera._registry.backend_available("opencl", torch.device("cpu"))[0]
+BACKENDS = ["reference", "cpu"] + (["triton"] if TRITON else []) + (["opencl"] if OPENCL else [])
 
 
 @pytest.fixture(params=["bf16dp", "fp32"])
@@ -144,6 +145,9 @@ def test_fuzz_cpu_vs_reference(M, N, K, kind, fmt, dtype, layout, bias, act, fp3
     finally:
         fp8_cpu.USE_BF16DP = old
     assert r.ok, r.why
+    if OPENCL:   # the same draw on the opencl backend
+        r = run_case(SPEC, "opencl", dtype, Case(f"fuzz-{M}-{N}-{K}-{kind}-{layout}", make))
+        assert r.ok, f"opencl: {r.why}"
 
 
 # ---------------------------------------------------------------- bad input

@@ -10,6 +10,8 @@ import torch
 
 import tessera  # noqa: F401  (registers the ops)
 from tessera.backends import triton as triton_backend
+from tessera._registry import CROSS_BACKENDS
+from tessera.testing.cross_slice import in_default_slice
 from tessera.testing.matrix import cells, run_case
 
 
@@ -19,7 +21,9 @@ def _params():
         if backend == "triton" and triton_backend.interpreted() and "large" in case.tags:
             continue
         dt = str(dtype).replace("torch.", "")
-        out.append(pytest.param(spec, backend, dtype, case, id=f"{spec.name}-{backend}-{dt}-{case.name}"))
+        # edge-CPU backends run emulated: a slice by default, every cell with `pytest -m cross`
+        marks = (pytest.mark.cross,) if backend in CROSS_BACKENDS and not in_default_slice(spec, dtype, case) else ()
+        out.append(pytest.param(spec, backend, dtype, case, id=f"{spec.name}-{backend}-{dt}-{case.name}", marks=marks))
     return out
 
 

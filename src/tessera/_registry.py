@@ -31,7 +31,9 @@ import torch
 
 from . import _env
 
-BACKENDS = ("reference", "cpu", "triton", "opencl")
+# "cpu:aarch64"/"cpu:riscv64": edge CPUs, kernels cross-compiled into a remote runner (backends/cross.py)
+CROSS_BACKENDS = ("cpu:aarch64", "cpu:riscv64")
+BACKENDS = ("reference", "cpu", "triton", "opencl") + CROSS_BACKENDS
 _override: contextvars.ContextVar[str] = contextvars.ContextVar("tessera_backend", default="")
 
 
@@ -141,6 +143,9 @@ def backend_available(name: str, device: torch.device) -> tuple[bool, str]:
     if name == "opencl":
         from .backends import opencl as _ocl
         return _ocl.available(device)
+    if name in CROSS_BACKENDS:
+        from .backends import cross as _cross
+        return _cross.available(name, device)
     return False, f"unknown backend {name!r}; expected one of {BACKENDS}"
 
 
@@ -171,6 +176,9 @@ def kernel_module(spec: OpSpec, backend: str):
     path = spec.kernels.get(backend)
     if path is None:
         return None
+    if backend in CROSS_BACKENDS:  # one launcher file serves every edge CPU: bind it to this one
+        from .backends import cross as _cross
+        return _cross.bind(importlib.import_module(path), backend)
     return importlib.import_module(path)
 
 

@@ -21,6 +21,7 @@ itself once with glibc malloc tuned to keep freed big blocks (see ``--help``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -29,7 +30,8 @@ import time
 from .bench import MALLOC_ENV, malloc_tuned
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "f32": "float32", "fp16": "float16", "float16": "float16",
-           "half": "float16", "f16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+           "half": "float16", "f16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16",
+           "int8": "int8", "int16": "int16"}  # integer-only ops (requantize, conv2d_int8): their x / output dtype
 
 
 def _split(values) -> list[str]:
@@ -43,7 +45,7 @@ def _dtypes(parser, values, default):
     out = []
     for n in names:
         if n.lower() not in _DTYPES:
-            parser.error(f"argument --dtype: unknown dtype {n!r}; expected one of fp32, fp16, bf16")
+            parser.error(f"argument --dtype: unknown dtype {n!r}; expected one of fp32, fp16, bf16, int8, int16")
         out.append(getattr(torch, _DTYPES[n.lower()]))
     return out
 
@@ -77,13 +79,14 @@ def cmd_info(args) -> int:
 
     from . import OPS, __version__
     from ._registry import BACKENDS, backend_available, kernel_module
+    from .backends import cross
     from .backends import opencl as ocl
     from .backends import triton as tr
     from .bench.report import machine_info, versions
 
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     info = {"tessera": __version__, "versions": versions(), "machine": machine_info(), "backends": {},
-            "triton": tr.describe(), "opencl": ocl.describe(), "ops": {}}
+            "triton": tr.describe(), "opencl": ocl.describe(), "cross": cross.describe(), "ops": {}}
     info["triton"]["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     for dev in devices:
         for b in BACKENDS:
@@ -110,6 +113,10 @@ def cmd_info(args) -> int:
     print(f"triton: {'installed ' + t.get('version', '') if t['installed'] else 'not installed'}   "
           f"interpreter: {'on' if t['interpreter'] else 'off'}   GPU: {t['gpu'] or 'none'}")
     _print_opencl(info["opencl"])
+    for name, c in info["cross"].items():   # edge CPUs: kernels in a runner under qemu or on a board
+        print(f"{name}: {c['compiler']} + {c['remote'] or c['emulator']}"
+              + (f" (RVV VLEN {c['rvv_vlen']})" if "rvv_vlen" in c else "")
+              + ("" if c["available"] else f"   unavailable: {c['reason']}"))
     print("backends:")
     for key, st in info["backends"].items():
         print(f"  {key:<16} {'available' if st['available'] else 'unavailable: ' + st['reason']}")
@@ -190,7 +197,13 @@ def cmd_check(args, parser) -> int:
     groups: dict[tuple, dict] = {}
     failures = []
     cur, t0 = None, time.time()
-    for spec, b, dt, case in cells(backends=tuple(backends), ops=ops, include_large=not args.no_large):
+    # triton checks run on the GPU when there is one (CUDA tensors), else on CPU tensors through the
+    # interpreter; every other backend runs on CPU tensors
+    gpu = torch.cuda.is_available() and not tr.interpreted()
+    todo = itertools.chain.from_iterable(
+        cells(backends=(b,), ops=ops, include_large=not args.no_large,
+              device="cuda" if b == "triton" and gpu else "cpu") for b in backends)
+    for spec, b, dt, case in todo:
         if dtypes is not None and dt not in dtypes:
             continue
         if b == "triton" and tr.interpreted() and "large" in case.tags:
@@ -201,7 +214,7 @@ def cmd_check(args, parser) -> int:
                 _progress(cur, groups[cur], t0)
             cur, t0 = key, time.time()
         g = groups.setdefault(key, {"passed": 0, "total": 0, "fwd": 0.0, "grad": 0.0})
-        r = run_case(spec, b, dt, case, grads=not args.no_grad)
+        r = run_case(spec, b, dt, case, grads=not args.no_grad, device="cuda" if b == "triton" and gpu else "cpu")
         g["total"] += 1
         g["passed"] += r.ok
         g["fwd"], g["grad"] = max(g["fwd"], r.fwd_err), max(g["grad"], r.grad_err)
@@ -269,7 +282,7 @@ def cmd_bench(args, parser, argv_list) -> int:
     try:
         bench.run(ops=_ops(parser, args.op), dtypes=_dtypes(parser, args.dtype, ["fp32", "bf16"]),
                   backends=backends, out_dir=args.out, repeats=repeats, quick=args.quick, shape_scale=scale,
-                  tiny=args.tiny, extended=args.extended, command=argv_list)
+                  tiny=args.tiny, extended=args.extended, command=argv_list, with_compile=not args.no_compile)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -297,12 +310,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also the long bench cases (tagged 'extended': e.g. attention batch 1-4 x seq 512-4096)")
     b.add_argument("--repeats", type=int, help="timed samples per contender (default 10, --quick 5)")
     b.add_argument("--threads", type=int, help="torch/OpenMP threads (default: torch's)")
+    b.add_argument("--no-compile", action="store_true",
+                   help="do not time torch.compile (its compilation dominates a short GPU session)")
     b.add_argument("--no-malloc-tuning", action="store_true",
                    help="do not re-exec with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_/MALLOC_TOP_PAD_ raised "
                         "(every big output then pays fresh page faults, baselines included)")
+    b.add_argument("--target", choices=("aarch64", "riscv64"),
+                   help="edge CPU: dynamic instructions per element under qemu, vector vs portable C "
+                        "(emulated time means nothing)")
     b.add_argument("--shape-scale", type=float, help=argparse.SUPPRESS)  # tests: shrink the row dimension
     b.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: tiny shapes and probes
+    L = sub.add_parser("build", help="the edge-CPU kernels as a C library (static + shared, header, example)")
+    L.add_argument("--target", required=True, choices=("x86_64", "aarch64", "riscv64"))
+    L.add_argument("--out", required=True, help="output directory")
     return p
+
+
+def cmd_build(args) -> int:
+    from pathlib import Path
+
+    from .backends import cross_lib
+    try:
+        files = cross_lib.build(args.target, Path(args.out))
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_info(args)
     if args.cmd == "check":
         return cmd_check(args, parser)
+    if args.cmd == "build":
+        return cmd_build(args)
+    if args.cmd == "bench" and args.target:
+        from .bench import icount
+        print(icount.report(args.target))
+        return 0
     if argv is None:
         _maybe_reexec(args)
     return cmd_bench(args, parser, ["tessera", *(sys.argv[1:] if argv is None else argv)])

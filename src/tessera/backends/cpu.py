@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .. import _env, _jit
+from .. import _env, _fastcall, _fastpath, _jit
 
 ISA_LEVELS = ("avx512", "avx2", "generic")
 _BASE_FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast",
@@ -102,7 +102,11 @@ def library(name: str, source: Path) -> ctypes.CDLL:
     lib = _libs.get(key)
     if lib is None:
         lib = _libs[key] = _jit.load(name, [source], _BASE_FLAGS + _ISA_FLAGS[level] + ["-lm"], level)
+        _lib_isa[lib._name] = level
     return lib
+
+
+_lib_isa: dict[str, str] = {}  # library path -> the ISA level it was built for
 
 
 def threads_for(numel: int) -> int:
@@ -111,23 +115,45 @@ def threads_for(numel: int) -> int:
     return max(1, torch.get_num_threads())
 
 
-def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+def ptr(t: torch.Tensor | None) -> int:
+    """A tensor's data address as a plain int (0 for None): what a ``p`` argument takes (an int
+    converts in one C-API call on the fast path; a ctypes object would send it to ctypes)."""
+    return 0 if t is None else t.data_ptr()
+
+
+_declared: dict[tuple[str, str, str], object] = {}
 
 
 def declare(lib: ctypes.CDLL, fn: str, nargs_spec: str):
-    """Set argtypes from a compact spec: p=pointer, l=int64, f=float, i=int32."""
-    kinds = {"p": ctypes.c_void_p, "l": ctypes.c_int64, "f": ctypes.c_float, "i": ctypes.c_int}
-    f = getattr(lib, fn)
-    if f.argtypes is None:
-        f.argtypes = [kinds[c] for c in nargs_spec]
-        f.restype = ctypes.c_int
+    """The C function ``fn`` of ``lib`` with argument types from a compact spec (p=pointer,
+    l=int64, f=float, i=int32) returning a C int, as the cheapest callable this machine has:
+    the ``_fastcall`` extension's (~0.3 us a launch) or, without it, ctypes (~0.2 us per
+    argument).  Memoised: this is on every launch."""
+    key = (lib._name, fn, nargs_spec)
+    f = _declared.get(key)
+    if f is None:
+        kinds = {"p": ctypes.c_void_p, "l": ctypes.c_int64, "f": ctypes.c_float, "i": ctypes.c_int}
+        c = getattr(lib, fn)
+        if c.argtypes is None:
+            c.argtypes = [kinds[k] for k in nargs_spec]
+            c.restype = ctypes.c_int
+        f = _declared[key] = _fastcall.wrap(c, nargs_spec)
+        # the C++ fast path of the hottest ops calls the same entry points (built on this first
+        # launch, like the kernels): tell it where this one is
+        where = (fn, _lib_isa.get(lib._name, ""))
+        entry_points[where] = ctypes.cast(c, ctypes.c_void_p).value
+        if _fastpath.module() is not None:
+            _fastpath.note(*where, entry_points[where])
     return f
+
+
+entry_points: dict[tuple[str, str], int] = {}  # (C function, ISA level) -> address, as declared
 
 
 def describe() -> dict:
     return {"isa": isa(), "isas_supported": supported_isas(), "machine": platform.machine(),
-            "compiler": (_jit.compiler() or ("none", "none"))[1], "threads": torch.get_num_threads()}
+            "compiler": (_jit.compiler() or ("none", "none"))[1], "threads": torch.get_num_threads(),
+            "launch": _fastcall.state(), "fastpath": _fastpath.state()}
 
 
 # Outputs above this size are written with non-temporal stores (they would only evict the

@@ -197,7 +197,9 @@ def program(source: Path, defines: dict | None = None):
     defs = dict(defines or {})
     defs["TSR_HAS_FP16"] = int(rt.fp16 and not portable())
     defs["TSR_PORTABLE"] = int(portable())  # recorded in the options (and the cache key) either way
-    opts = ["-cl-std=CL1.2", "-I", str(CL_SRC)] + [f"-D{k}={v}" for k, v in sorted(defs.items())]
+    # -I the source's folder too: an op family's header beside its .cl (hashed into the key above)
+    opts = ["-cl-std=CL1.2", "-I", str(CL_SRC), "-I", str(source.parent)] + \
+        [f"-D{k}={v}" for k, v in sorted(defs.items())]
     memo = (source, tuple(opts))
     prg = rt.programs.get(memo)
     if prg is None:

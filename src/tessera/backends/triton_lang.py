@@ -66,14 +66,21 @@ def fp8_e5m2_bits(q):
 
 @triton.jit
 def fp8_bits_to_f32(b, E5M2: tl.constexpr):
-    """e4m3fn / e5m2 bits (int32 0..255) -> fp32, exact for finite codes (the magnitude bits
-    placed under fp32's exponent, then one power-of-two multiply).  NaN/inf codes are not
-    produced by tessera's saturating quantisers and are not decoded specially here."""
+    """e4m3fn / e5m2 bits (int32 0..255) -> fp32, exact for finite codes: the significand as an
+    integer times a power of two built from exponent bits, so no intermediate is an fp32
+    denormal (a GPU may flush those to zero; the first version placed the code's bits under
+    fp32's exponent and multiplied, which lost every fp8 subnormal that way).  NaN/inf codes
+    are not produced by tessera's saturating quantisers and are not decoded specially here."""
     mag = b & 0x7F
     if E5M2:
-        v = (mag << 21).to(tl.float32, bitcast=True) * 5.192296858534828e33  # 2^112
+        e = mag >> 2
+        sig = tl.where(e == 0, mag & 3, (mag & 3) + 4)
+        p = tl.where(e == 0, -16, e - 17)          # value = sig * 2^p (bias 15, 2 mantissa bits)
     else:
-        v = (mag << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
+        e = mag >> 3
+        sig = tl.where(e == 0, mag & 7, (mag & 7) + 8)
+        p = tl.where(e == 0, -9, e - 10)           # bias 7, 3 mantissa bits
+    v = sig.to(tl.float32) * ((p + 127) << 23).to(tl.float32, bitcast=True)
     # the sign as a bit (``-v`` is ``0 - v`` in Triton, which turns -0.0 into +0.0)
     return (v.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
 

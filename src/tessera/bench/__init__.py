@@ -37,6 +37,7 @@ def malloc_tuned() -> bool:
 
 def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, quick: bool = False,
         shape_scale: float = 1.0, tiny: bool = False, extended: bool = False, command: list[str] | None = None,
+        with_compile: bool = True,
         log: Callable[[str], None] = print) -> dict:
     """Run the benchmark and write ``bench.json`` + ``bench.png`` into ``out_dir``; returns the report."""
     import torch
@@ -86,7 +87,8 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
                            "bandwidth ceilings: fast quartile (p25 time) of interleaved samples, spread (p90-p10)/median; compute "
                            "ceilings: the register-only peak probe of the row's compute_dtype, likewise; read rows "
                            "rotate through copies of their inputs > 2x LLC",
-                 "compile": "torch.compile(spec.eager, fullgraph=True, dynamic=False)"},
+                 "compile": ("torch.compile(spec.eager, fullgraph=True, dynamic=False)" if with_compile
+                             else "not timed (--no-compile)")},
         "roofline": roof, "matmul": mm, "peaks": peaks, "overhead": overhead, "notes": notes, "rows": [],
     }
     log(rep.header(report))
@@ -98,7 +100,7 @@ def run(*, ops: list[str] | None, dtypes, backends, out_dir: str, repeats: int, 
         if key not in inputs:
             inputs.clear()
             inputs[key] = runner.make_inputs(p.spec, p.case, p.dtype, device, shape_scale)
-        row = rep.finish_row(runner.measure(p, repeats, device, inputs[key], peaks=peaks), roof["gbps"])
+        row = rep.finish_row(runner.measure(p, repeats, device, inputs[key], peaks=peaks, with_compile=with_compile), roof["gbps"])
         report["rows"].append(row)
         log(rep.progress_line(i, len(todo), row))
         for k, e in row["errors"].items():

@@ -153,7 +153,7 @@ def table(rows: list[dict]) -> str:
                 continue
             sp = r["speedup"].get(k, {})
             lines.append([r["op"], r["case"], r["shape"], r["dtype"], r["dir"], k[len("tessera-"):], _f(v, ".3f", "ERR"),
-                          _f(r["ms"].get("eager"), ".3f", "ERR"), _f(r["ms"].get("compile"), ".3f", "ERR"),
+                          _f(r["ms"].get("eager"), ".3f", "ERR"), _f(r["ms"].get("compile"), ".3f", "ERR" if "compile" in r["ms"] else "-"),
                           _rate(r, k), _roof(r), _f(r["pct_roofline"][k], ".0f"),
                           _f(r.get("pct_layout", {}).get(k), ".0f"),
                           _f(r["pct_roofline"].get("eager"), ".0f"), _f(r["pct_roofline"].get("compile"), ".0f"),

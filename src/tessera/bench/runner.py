@@ -135,7 +135,8 @@ def _tessera(spec: OpSpec, backend: str) -> Callable:
 def _contenders(p: Plan, compiled: Callable) -> dict[str, Callable]:
     fns = {f"tessera-{b}": _tessera(p.spec, b) for b in p.backends}
     fns["eager"] = p.spec.eager
-    fns["compile"] = compiled
+    if compiled is not None:
+        fns["compile"] = compiled
     return fns
 
 
@@ -194,7 +195,7 @@ def _rotating(fs: list[Callable]) -> Callable:
 
 
 def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int = 2,
-            peaks: dict | None = None) -> dict:
+            peaks: dict | None = None, with_compile: bool = True) -> dict:
     """One benchmark row: medians for every contender plus bytes; ratios are added by the report.
 
     ``kw`` (from :func:`make_inputs`) is shared by the fwd and bwd rows of a case:
@@ -202,7 +203,7 @@ def measure(p: Plan, repeats: int, device: torch.device, kw: dict, warmup: int =
     :func:`roofline.compute_peaks` (measured here if a compute-bound row comes without them).
     """
     torch._dynamo.reset()
-    compiled = torch.compile(p.spec.eager, fullgraph=True, dynamic=False)
+    compiled = torch.compile(p.spec.eager, fullgraph=True, dynamic=False) if with_compile else None
     fns = _contenders(p, compiled)
     errors: dict[str, str] = {}
     nbytes = (p.spec.bytes_fwd if p.direction == "fwd" else p.spec.bytes_bwd)(kw)

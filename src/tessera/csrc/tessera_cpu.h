@@ -26,6 +26,12 @@
 #if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
+/* edge CPUs: fp16 conversions the compiler does not vectorise by itself (per-ISA headers) */
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include "tessera_neon.h"
+#elif defined(__riscv_vector)
+#include "tessera_rvv.h"
+#endif
 
 enum { TSR_F32 = 0, TSR_F16 = 1, TSR_BF16 = 2 };
 enum { TSR_OK = 0, TSR_ENOMEM = -1, TSR_EINVAL = -2 };
@@ -83,6 +89,10 @@ static inline void tsr_load_f32(float *restrict dst, const void *restrict src, i
 #ifdef __F16C__
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#elif defined(TSR_NEON)
+    i = tsr_neon_h2f(dst, s, n);
+#elif defined(TSR_RVV)
+    i = tsr_rvv_h2f(dst, s, n);
 #endif
     for (; i < n; i++) dst[i] = tsr_h2f(s[i]);
 }
@@ -105,6 +115,10 @@ static inline void tsr_store_conv(void *restrict dst, const float *restrict src,
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(TSR_NEON)
+    i = tsr_neon_f2h(d, src, n);
+#elif defined(TSR_RVV)
+    i = tsr_rvv_f2h(d, src, n);
 #endif
     for (; i < n; i++) d[i] = tsr_f2h(src[i]);
 }
@@ -276,6 +290,10 @@ TSR_BLK_INLINE tsr_v16 tsr_v16_load(const void *p, int dtype) {
     __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + 8)));
     memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32);
+#elif defined(TSR_NEON) || defined(TSR_RVV)
+    float f[16];
+    tsr_load_f32(f, p, 16, TSR_F16);   /* the per-ISA vector conversion */
+    memcpy(&v, f, 64);
 #else
     for (int k = 0; k < 16; k++) v[k] = tsr_h2f(h[k]);
 #endif

@@ -238,3 +238,5 @@ class Softmax(torch.nn.Module):
 
 from ..ops.rope.module import RotaryEmbedding  # noqa: E402,F401  (cos/sin buffers + tessera.rope)
 from .quant_linear import QuantLinear  # noqa: E402,F401  (quantised inference linear: tessera.quant recipes)
+from .conv import Conv2d, fold_batchnorm  # noqa: E402,F401  (tessera.conv2d layer; Conv2d+BatchNorm2d folding)
+__all__ += ["Conv2d", "fold_batchnorm"]

@@ -15,3 +15,5 @@ from . import linear_w4a16, linear_w4a8  # noqa: F401  (int4 weights; shared cod
 from . import linear_fp8  # noqa: F401  (fp8 x fp8 linear)
 from . import int_mm, linear_w8a8, linear_a16w8  # noqa: F401  (int8 matmuls; shared code in _qlinear_int8)
 from . import cross_entropy, fused_linear_cross_entropy  # noqa: F401  (losses; FLCE chunks over cross_entropy's kernels)
+from . import conv2d  # noqa: F401  (CNN convolution, fused bias + activation)
+from . import requantize, linear_int8_requant, conv2d_int8  # noqa: F401  (integer-only pipeline; shared code in _requant)

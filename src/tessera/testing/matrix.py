@@ -35,6 +35,11 @@ class Result:
     why: str = ""
 
 
+def _host(v):
+    """A tensor on another device, detached and copied to the CPU (others unchanged)."""
+    return v.detach().cpu() if isinstance(v, torch.Tensor) and v.device.type != "cpu" else v
+
+
 def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
@@ -74,7 +79,9 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
     do_grad = grads and "nograd" not in case.tags and has_backward(spec, backend)
     names = spec.grad_inputs if do_grad else ()
     k_kw, leaves = _inputs(kw, names, place=place)               # kernel inputs keep their layout
-    r_kw, _ = _inputs(kw, names, torch.float64)                  # float64 reference
+    # the float64 reference always runs on the CPU: CUDA's elementwise kernels contract a*b+c into
+    # FMAs, which would move the reference's emulated fp32 roundings (the integer contract's scales)
+    r_kw, _ = _inputs({k: _host(v) for k, v in kw.items()}, names, torch.float64)
     lp_kw = _inputs(kw, names, copy=True)[0] if dtype != torch.float32 or fp32_eager else {}
     res = Result(spec.name, backend, dtype, case.name, True)
     try:
@@ -84,7 +91,7 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
         lps = _as_tuple(spec.eager(**lp_kw)) if lp_kw else (None,) * len(refs)
         for i, (o, r, lp) in enumerate(zip(outs, refs, lps)):
             odt = spec.out_dtypes.get(i, dtype)
-            v = tolerance.compare(o, r, lp if odt == dtype else None, odt, spec.fp32_tol.get(i))
+            v = tolerance.compare(_host(o), r, _host(lp) if odt == dtype else None, odt, spec.fp32_tol.get(i))
             res.fwd_err = max(res.fwd_err, v.err)
             if not v.ok:
                 return dataclasses.replace(res, ok=False, why=f"output {i}: {v.why}")
@@ -96,18 +103,18 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
         keep = place or (lambda t: t)
         with poison_outputs():  # gradient buffers too: an element backward never writes stays NaN
             g_k = torch.autograd.grad([outs[i] for i in diff], [k_kw[n] for n in leaves],
-                                      [keep(ups[i].to(outs[i].dtype)) for i in diff], allow_unused=True)
+                                      [keep(ups[i].to(outs[i].device, outs[i].dtype)) for i in diff], allow_unused=True)
         g_r = torch.autograd.grad([refs[i] for i in diff], [r_kw[n] for n in leaves],
                                   [ups[i] for i in diff], allow_unused=True)
         g_lp = (torch.autograd.grad([lps[i] for i in diff], [lp_kw[n] for n in leaves],
-                                    [ups[i].to(outs[i].dtype).to(lps[i].dtype) for i in diff], allow_unused=True)
+                                    [ups[i].to(outs[i].device, outs[i].dtype).to(lps[i].dtype) for i in diff], allow_unused=True)
                 if lp_kw else (None,) * len(leaves))
         for n, gk, gr, gl in zip(leaves, g_k, g_r, g_lp):
             if gr is None:
                 gr = torch.zeros(kw[n].shape, dtype=torch.float64)
             if gk is None:
                 return dataclasses.replace(res, ok=False, why=f"no gradient for '{n}'")
-            v = tolerance.compare(gk, gr, gl, dtype, spec.fp32_grad_tol.get(n))
+            v = tolerance.compare(_host(gk), gr, _host(gl), dtype, spec.fp32_grad_tol.get(n))
             res.grad_err = max(res.grad_err, v.err)
             if not v.ok:
                 return dataclasses.replace(res, ok=False, why=f"grad '{n}': {v.why}")

@@ -20,9 +20,11 @@
  *    the subnormal range), so no tie-break is needed.  Special values (0, inf, NaN quotients; an
  *    inf divisor) pass through.  GPUs have a hardware fma; PoCL 3.0 on this CPU runs fma in
  *    software (~5x slower kernels), which is why the fp64 path exists.
- * fma, the basic operations and the conversions with an explicit rounding mode are exact in
- * OpenCL C; rint is avoided (PoCL calls it out of line): values are saturated first, then
- * converted with convert_int_rte (round half to even).
+ * fma and the basic operations are exact in OpenCL C.  Rounding to an integer is done as
+ * (q + 1.5 * 2^23) - 1.5 * 2^23 on a value already saturated to |q| < 2^22 (exact round half to
+ * even in the default rounding mode; FP_CONTRACT / fast-math never apply to it here), not with
+ * rint / convert_int_rte: PoCL 3.0 compiles those built-ins (and min / max / fmax, vload8, ...)
+ * as out-of-line calls that stop its vectoriser.
  *
  * Subnormals.  Devices may flush fp32 subnormals (CL_FP_DENORM is optional), so the fp8 decoders
  * build subnormal fp8 values as (small integer) * 2^-k instead of placing bits under fp32's
@@ -39,7 +41,15 @@
 inline float tsr_nan0(float v) { return v != v ? 0.0f : v; }
 
 /* |v| with NaN as 0: the term of every block statistic */
-inline float tsr_q_abs0(float v) { return tsr_nan0(fabs(v)); }
+inline float tsr_q_abs0(float v) { return tsr_nan0(as_float(as_uint(v) & 0x7fffffffu)); }
+
+/* the same as an order key: the uint order of tsr_q_abs_key(v) is the order of tsr_q_abs0(v), and
+ * as_float(max of keys) is the amax.  Integer max reductions vectorise where float
+ * compare-and-select ones do not (PoCL), and give the same value. */
+inline uint tsr_q_abs_key(float v) {
+    const uint u = as_uint(v) & 0x7fffffffu;
+    return u > 0x7f800000u ? 0u : u;
+}
 
 /* TSR_Q_FP64: double is enabled (cl_khr_fp64, not TSR_PORTABLE) for the divisions below and for
  * kernels' exact-product epilogue sums (ops/_qlinear_int4) */
@@ -76,15 +86,18 @@ inline float tsr_div_rn_r(float x, float y, float rcp) {
 
 inline float tsr_div_rn(float x, float y) { return tsr_div_rn_r(x, y, 1.0f / y); }
 
-/* scale = max(amax, 1e-12) / qmax, one correctly rounded division */
-inline float tsr_q_scale(float amax, float qmax) { return tsr_div_rn(fmax(amax, TSR_QEPS), qmax); }
+/* scale = max(amax, 1e-12) / qmax, one correctly rounded division (amax is never NaN here) */
+inline float tsr_q_scale(float amax, float qmax) { return tsr_div_rn(amax > TSR_QEPS ? amax : TSR_QEPS, qmax); }
 
-/* rint(saturate(nan0(q), lo, hi)) as an int: saturating first keeps the conversion in range and
- * equals rounding first for integer bounds; convert_int_rte rounds half to even */
+/* round half to even of |q| < 2^22 (see the header comment) */
+inline float tsr_q_rne(float q) { return (q + 12582912.0f) - 12582912.0f; }
+
+/* rint(saturate(nan0(q), lo, hi)) as an int (|lo|, |hi| < 2^22): saturating first equals
+ * rounding first for integer bounds and keeps the rounding trick in range */
 inline int tsr_q_int(float q, float lo, float hi) {
     q = tsr_nan0(q);
     q = q < lo ? lo : (q > hi ? hi : q);
-    return convert_int_rte(q);
+    return (int)tsr_q_rne(q);
 }
 
 /* fp32 -> fp8 bits: saturate to +-qmax, round to nearest even to `mb` mantissa bits, rebias;
@@ -93,12 +106,12 @@ inline int tsr_q_int(float q, float lo, float hi) {
 inline uint tsr_q_fp8(float q, float qmax, int mb, uint bias, float sub_lim, float sub_mul, int fnuz) {
     q = tsr_nan0(q);
     q = q < -qmax ? -qmax : (q > qmax ? qmax : q);
-    const float a = fabs(q);
-    const uint u = as_uint(a);
+    const uint u = as_uint(q) & 0x7fffffffu;   /* |q| by its bits (fabs is a call on PoCL) */
+    const float a = as_float(u);
     const int sh = 23 - mb;
     const uint r = u + ((1u << (sh - 1)) - 1u) + ((u >> sh) & 1u);   /* RNE to mb bits */
     const uint normal = (((r >> 23) - bias) << mb) | ((r >> sh) & ((1u << mb) - 1u));
-    const uint code = a < sub_lim ? convert_uint_rte(a * sub_mul) : normal;
+    const uint code = a < sub_lim ? (uint)tsr_q_rne(a * sub_mul) : normal;
     const uint sign = (as_uint(q) >> 24) & 0x80u;
     return code | (fnuz && code == 0u ? 0u : sign);
 }

@@ -14,8 +14,9 @@ op's fp32 result (W4A16: ``x @ W.T``; W4A8: ``sx * sum_g fp32(acc_g) * s_g``) an
 one of None, "relu", "gelu" (erf), "gelu_tanh", "silu".
 
 This module holds the argument checks, the packing helper used by the cases, the spec's cases
-and roofline; ``ref.py`` the float64 references; ``cpu.py`` + ``qlinear_int4.c`` and
-``triton.py`` the kernels of both ops (the op folders' kernel modules are thin views of them).
+and roofline; ``ref.py`` the float64 references; ``cpu.py`` + ``qlinear_int4.c``, ``triton.py``
+and ``opencl.py`` + ``qlinear_int4.cl`` the kernels of both ops (the op folders' kernel modules
+are thin views of them).
 """
 from __future__ import annotations
 
@@ -270,7 +271,7 @@ def register(op: str, fn, ref, eager, spec_holder: dict, fp32_tol: dict, a8: boo
     spec_holder["spec"] = register_op(OpSpec(
         name=op, fn=fn, ref=ref, eager=eager,
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
-                 "triton": f"tessera.ops.{op}.triton"},
+                 "triton": f"tessera.ops.{op}.triton", "opencl": f"tessera.ops.{op}.opencl"},
         cases=cases(), grad_inputs=(), bytes_fwd=bytes_fwd, flops_fwd=flops_fwd, bound=bound,
         compute_dtype="int8" if a8 else "fp32",  # W4A8: VPDPBUSD; W4A16's GEMM: fp32 FMAs
         bench_cases=bench_cases(), fp32_tol=fp32_tol, fuzz="test_qlinear_int4.py", peers=peers(a8=a8),

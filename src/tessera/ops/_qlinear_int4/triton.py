@@ -102,7 +102,7 @@ def _forward(a8, x, weight, weight_scale, weight_zero, group_size, bias, activat
                                G=group_size, A8=a8, HAS_Z=z is not None, HAS_B=b is not None,
                                ACT=ACT_CODE[activation], LP_DOT=(not a8 and x.dtype != torch.float32
                                                                   and not interpreted()),
-                               INT_DOT=a8 and not interpreted(),
+                               INT_DOT=a8 and not interpreted() and group_size >= 64,  # int8 dots need K >= 32
                                RNE_BF16=interpreted() and y.dtype == torch.bfloat16, BM=BM, BN=BN)
     return y
 

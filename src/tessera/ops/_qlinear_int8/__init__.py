@@ -20,7 +20,8 @@ backward through them raises).
 This module holds the checks, the custom-op factory for the two linears, the test/bench
 cases and the roofline; ``ref.py`` the float64 references; ``cpu.py`` + ``qlinear_int8.c``
 the native kernels (``qlinear_epilogue.h``: the epilogue, reusable by other quantised
-linears); ``triton.py`` the Triton kernels.
+linears); ``triton.py`` the Triton kernels; ``opencl.py`` + ``qlinear_int8.cl`` the OpenCL kernels
+(a local-memory tiled GEMM / GEMV for GPUs, dot-product kernels for CPU devices).
 """
 from __future__ import annotations
 
@@ -242,7 +243,7 @@ def register_linear(op: str, fn, ref, spec_holder: dict):
     spec_holder["spec"] = register_op(OpSpec(
         name=op, fn=fn, ref=ref, eager=EAGER[op],  # activations quantised like the kernel
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
-                 "triton": f"tessera.ops.{op}.triton"},
+                 "triton": f"tessera.ops.{op}.triton", "opencl": f"tessera.ops.{op}.opencl"},
         cases=linear_cases(), grad_inputs=(),
         bytes_fwd=linear_bytes_fwd, flops_fwd=linear_flops_fwd, bound=linear_bound,
         compute_dtype="int8",  # integer dot products (VPDPBUSD): judged against the int8 peak

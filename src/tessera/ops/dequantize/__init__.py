@@ -168,7 +168,8 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=dequantize_blocks, ref=dequantize_blocks_ref, eager=dequantize_blocks_eager,
     kernels={"reference": "tessera.ops.dequantize.ref", "cpu": "tessera.ops.dequantize.cpu",
-             "triton": "tessera.ops.dequantize.triton", "opencl": "tessera.ops.dequantize.opencl"},
+             "triton": "tessera.ops.dequantize.triton", "opencl": "tessera.ops.dequantize.opencl",
+             "cpu:aarch64": "tessera.ops.dequantize.cross", "cpu:riscv64": "tessera.ops.dequantize.cross"},
     cases=_cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, bench_cases=_bench_cases(),
     fuzz="test_quant_formats.py",  # inputs are codes + scales of coupled shapes: fuzzed there
 ))

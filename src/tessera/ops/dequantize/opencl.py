@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from ...backends import opencl as cl
+from ..quantize.opencl import row_local_size
 from .cpu import KIND
 from .ref import launch_plan
 
@@ -18,8 +19,7 @@ def forward(data, scale, zero, block_rows, block, dtype):
     if M == 0:
         return out
     prg = cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype], "DQKIND": KIND[data.dtype]})
-    # at least 8 work-items (PoCL 3.0's compiler fails on some kernels at local sizes 1-2)
-    L = min(max(cl.row_local_size(K), 8), cl.runtime().max_wg)
+    L = row_local_size(K)
     seq = int(Kb > 1 and bc <= 1024)   # small blocks: one work-item per block
     bout = cl.buffer(out)
     cl.launch(prg, "dequant_rows", (M * L,), (L,),

@@ -7,7 +7,8 @@
 Bit-exact on every backend and CPU ISA level (integer sums are exact; int8 sums fit int32 for
 K <= 131071, which is enforced: 131072 terms (-128) * (-128) sum to 2^31).  CPU: AVX512-VNNI VPDPBUSD / VPDPWSSD micro-kernels with a
 portable C fallback (see ``_qlinear_int8/qlinear_int8.c``); Triton: ``tl.dot`` on int8 tiles
-(int16 a is split into two int8 halves).  No gradient (integer op).
+(int16 a is split into two int8 halves); OpenCL: ``_qlinear_int8/qlinear_int8.cl`` (a tiled
+GEMM / GEMV for GPUs, dot products for CPU devices).  No gradient (integer op).
 """
 from __future__ import annotations
 
@@ -49,10 +50,15 @@ def int_mm(a: Tensor, b: Tensor, *, backend: Optional[str] = None) -> Tensor:
 
 
 def int_mm_eager(a, b):
-    """Plain PyTorch: torch._int_mm for int8 (CPU needs M > 16 and K, N multiples of 8 only on
-    CUDA), an int64 matmul otherwise."""
-    if a.dtype == torch.int8:
+    """Plain PyTorch: torch._int_mm for int8 (CUDA's needs M > 16 and K, N multiples of 8), an
+    int64 matmul otherwise (CUDA has none: there a float64 matmul, exact while |sum| < 2^53, which
+    int16 x int8 products (< 2^22 each) keep for K < 2^31)."""
+    M, K = a.shape
+    if a.dtype == torch.int8 and (not a.is_cuda or (M > 16 and K % 8 == 0 and b.shape[0] % 8 == 0)):
         return torch._int_mm(a, b.T)
+    if a.is_cuda:
+        out = torch.int32 if a.dtype == torch.int8 else torch.int64
+        return (a.double() @ b.double().T).to(out)
     return a.long() @ b.long().T
 
 
@@ -106,7 +112,7 @@ def _flops_fwd(kw):
 SPEC = register_op(OpSpec(
     name=OP, fn=int_mm, ref=int_mm_ref, eager=int_mm_eager,
     kernels={"reference": "tessera.ops.int_mm.ref", "cpu": "tessera.ops.int_mm.cpu",
-             "triton": "tessera.ops.int_mm.triton"},
+             "triton": "tessera.ops.int_mm.triton", "opencl": "tessera.ops.int_mm.opencl"},
     cases=_cases(), grad_inputs=(), dtypes=INT_DTYPES,
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd,
     bound=lambda kw: "compute" if kw["a"].shape[0] >= 64 else "read",

@@ -17,7 +17,8 @@ accumulation rounds.  Epilogue, in fp32, in this order on every backend:
     block weights                  : y = sum_b acc_b * (sx_b * sw[n/128, b]) + bias[n]
     y = activation(y)              (None, "relu", "gelu" (erf), "gelu_tanh", "silu")
 
-Inference only (no gradient).  Sources: DeepSeek-V3 technical report (sec. 3.3, fine-grained
+Kernels: cpu (linear_fp8.c), triton, opencl (linear_fp8.cl: x quantised into an e4m3 workspace,
+then per-work-item float8 dot products).  Inference only (no gradient).  Sources: DeepSeek-V3 technical report (sec. 3.3, fine-grained
 fp8 quantisation); OCP 8-bit floating point spec (e4m3fn / e5m2); torchao float8 rowwise.
 
 Roofline: the fp8 weight (1 byte/element) dominates at decode (memory-bound, M < 64);
@@ -123,7 +124,7 @@ from ...quant import peers  # noqa: E402  (bench peers; imported here, after the
 SPEC = register_op(OpSpec(
     name=OP, fn=linear_fp8, ref=linear_fp8_ref, eager=linear_fp8_eager,
     kernels={"reference": "tessera.ops.linear_fp8.ref", "cpu": "tessera.ops.linear_fp8.cpu",
-             "triton": "tessera.ops.linear_fp8.triton"},
+             "triton": "tessera.ops.linear_fp8.triton", "opencl": "tessera.ops.linear_fp8.opencl"},
     cases=cases(), grad_inputs=(),
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bound=_bound, bench_cases=bench_cases(),
     compute_dtype="bf16",  # fp8 x fp8 products are exact in bf16: VDPBF16PS where present

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import _env
 from ..._library import new_output
 from ...backends.triton import interpreted, next_pow2
 from ...backends.triton_lang import fp8_bits_to_f32, fp8_e4m3_bits, round_bf16, epilogue_act as _act
@@ -61,9 +62,10 @@ def _quant_x(x_ptr, ldx, q_ptr, s_ptr, K, KB, SEG, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _operand(codes, E5M2: tl.constexpr, MODE: tl.constexpr):
-    """uint8 fp8 codes -> a tl.dot operand holding the same values exactly."""
+    """fp8 codes -> a tl.dot operand holding the same values exactly (MODE 2 loads them through
+    float8e4nv pointers already: a uint8 -> fp8 bitcast did not compile on Triton 3.6 / sm_90)."""
     if MODE == 2:
-        return codes.to(tl.float8e4nv, bitcast=True)
+        return codes
     v = fp8_bits_to_f32(codes.to(tl.int32), E5M2)
     if MODE == 1:
         v = v.to(tl.bfloat16)
@@ -84,11 +86,12 @@ def _gemm(q_ptr, sx_ptr, w_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, KB,
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         a = tl.load(q_ptr + rm[:, None] * K + kk[None, :], mask=mm[:, None] & (kk[None, :] < K), other=0)
-        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=mn[:, None] & (kk[None, :] < K), other=0)
+        # the weight tile is loaded K-major ([BLOCK_K, BLOCK_N]) instead of transposed in registers
+        w = tl.load(w_ptr + rn[None, :] * K + kk[:, None], mask=mn[None, :] & (kk[:, None] < K), other=0)
         if MODE == 0:
-            part = tl.dot(_operand(a, False, MODE), tl.trans(_operand(w, E5M2, MODE)), input_precision="ieee")
+            part = tl.dot(_operand(a, False, MODE), _operand(w, E5M2, MODE), input_precision="ieee")
         else:
-            part = tl.dot(_operand(a, False, MODE), tl.trans(_operand(w, E5M2, MODE)))
+            part = tl.dot(_operand(a, False, MODE), _operand(w, E5M2, MODE))
         if KIND == 2:
             b = k0 // BLOCK_K
             sx = tl.load(sx_ptr + rm * KB + b, mask=mm, other=0.0)
@@ -114,7 +117,7 @@ def _mode(weight) -> int:
     if interpreted():
         return 0
     if weight.dtype == torch.float8_e4m3fn and torch.version.hip is None and \
-            torch.cuda.get_device_capability(weight.device) >= (8, 9):
+            torch.cuda.get_device_capability(weight.device) >= (8, 9) and _env.get("TESSERA_TRITON_FP8_DOT", "1") != "0":
         return 2
     return 1
 
@@ -139,7 +142,8 @@ def forward(x, weight, weight_scale, bias, activation):
         bm, bn = (64 if M > 32 else 16), 64
     block_k = BLOCK if kind == 2 else (64 if interpreted() else 128)
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
-    _gemm[grid](q, sx, weight.view(torch.uint8), weight_scale, bias if bias is not None else y, y, M, N, K, KB,
+    qa, wa = (q.view(torch.float8_e4m3fn), weight) if mode == 2 else (q, weight.view(torch.uint8))
+    _gemm[grid](qa, sx, wa, weight_scale, bias if bias is not None else y, y, M, N, K, KB,
                 KIND=kind, E5M2=weight.dtype == torch.float8_e5m2, HAS_BIAS=bias is not None,
                 ACT=ACT_CODE[activation], MODE=mode,
                 RNE_BF16=interpreted() and x.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k)

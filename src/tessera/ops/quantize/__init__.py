@@ -239,7 +239,8 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=quantize_blocks, ref=quantize_blocks_ref, eager=quantize_blocks_ref,
     kernels={"reference": "tessera.ops.quantize.ref", "cpu": "tessera.ops.quantize.cpu",
-             "triton": "tessera.ops.quantize.triton", "opencl": "tessera.ops.quantize.opencl"},
+             "triton": "tessera.ops.quantize.triton", "opencl": "tessera.ops.quantize.opencl",
+             "cpu:aarch64": "tessera.ops.quantize.cross", "cpu:riscv64": "tessera.ops.quantize.cross"},
     cases=_cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, bench_cases=_bench_cases(),
     # the scale (output 1) is fp32 whatever x's dtype, and part of the format: the contract fixes
     # it bit for bit (one correctly rounded fp32 division), so it is compared with zero tolerance

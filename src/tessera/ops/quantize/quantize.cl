@@ -82,13 +82,10 @@ inline int wg_min_int(int v, __local int *s) {
     return r;
 }
 
-/* Order keys (exact): the uint order of abs_key(v) is the order of nan0(|v|); the int order of
+/* Order keys (exact): abs_key(v) orders nan0(|v|) (tessera_quant_cl.h); the int order of
  * val_key(v) is the order of nan0(v) (-0 as +0).  Integer max / min reductions vectorise where
  * float compare-and-select ones do not (PoCL), and give the same values. */
-inline uint abs_key(float v) {
-    const uint u = as_uint(v) & 0x7fffffffu;
-    return u > 0x7f800000u ? 0u : u;
-}
+#define abs_key tsr_q_abs_key
 inline int val_key(float v) {
     int i = as_int(v);
     i = ((i & 0x7fffffff) > 0x7f800000 || i == (int)0x80000000) ? 0 : i;
@@ -104,13 +101,16 @@ inline float2 stat_seq(__global const TSR_T *xr, long j0, long n) {
     int lo = 0, hi = 0;
     for (long j = j0; j < j0 + n; j++) {
         const int k = val_key(tsr_ld(xr, j));
-        lo = min(lo, k);
-        hi = max(hi, k);
+        lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi;
     }
     return (float2)(key_val(lo), key_val(hi));
 #else
     uint am = 0;
-    for (long j = j0; j < j0 + n; j++) am = max(am, abs_key(tsr_ld(xr, j)));
+    for (long j = j0; j < j0 + n; j++) {
+        const uint k = abs_key(tsr_ld(xr, j));
+        am = k > am ? k : am;
+    }
     float m = 0.0f;
 #if QKIND == QK_Q40
     if (am)   /* the first entry of the largest magnitude */
@@ -140,15 +140,18 @@ inline float2 stat_wg(__global const TSR_T *xr, long j0, long n, __local float *
     int lo = 0, hi = 0;
     for (long j = c0; j < c1; j++) {
         const int k = val_key(tsr_ld(xr, j0 + j));
-        lo = min(lo, k);
-        hi = max(hi, k);
+        lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi;
     }
     const float h = tsr_wg_max(key_val(hi), scratch);
     const float l = -tsr_wg_max(-key_val(lo), scratch);
     return (float2)(l, h);
 #else
     uint am = 0;
-    for (long j = c0; j < c1; j++) am = max(am, abs_key(tsr_ld(xr, j0 + j)));
+    for (long j = c0; j < c1; j++) {
+        const uint k = abs_key(tsr_ld(xr, j0 + j));
+        am = k > am ? k : am;
+    }
     const float a = tsr_wg_max(as_float(am), scratch);
     float m = 0.0f;
 #if QKIND == QK_Q40
@@ -180,12 +183,13 @@ inline float2 stat_merge(float2 a, float2 b) {
 
 inline float block_scale(float2 st, uchar *zero) {
 #if QKIND == QK_I4ZP
-    const float sc = tsr_div_rn(fmax(st.y - st.x, TSR_QEPS), 15.0f);
+    const float d = st.y - st.x;
+    const float sc = tsr_div_rn(d > TSR_QEPS ? d : TSR_QEPS, 15.0f);
     *zero = (uchar)tsr_q_int(tsr_div_rn(-st.x, sc), 0.0f, 15.0f);
     return sc;
 #elif QKIND == QK_Q40
     *zero = 0;
-    const float ma = fmax(st.x, TSR_QEPS);
+    const float ma = st.x > TSR_QEPS ? st.x : TSR_QEPS;
     return tsr_div_rn(st.y < 0.0f ? -ma : ma, -8.0f);
 #else
     *zero = 0;

@@ -165,7 +165,8 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=rms_norm, ref=rms_norm_ref, eager=rms_norm_eager,
     kernels={"reference": "tessera.ops.rms_norm.ref", "cpu": "tessera.ops.rms_norm.cpu",
-             "triton": "tessera.ops.rms_norm.triton", "opencl": "tessera.ops.rms_norm.opencl"},
+             "triton": "tessera.ops.rms_norm.triton", "opencl": "tessera.ops.rms_norm.opencl",
+             "cpu:aarch64": "tessera.ops.rms_norm.cross", "cpu:riscv64": "tessera.ops.rms_norm.cross"},
     cases=_cases(), grad_inputs=("x", "weight", "residual"),
     bytes_fwd=norm_bytes_fwd, bytes_bwd=norm_bytes_bwd,
     flops_fwd=lambda kw: 4 * kw["x"].numel(),

@@ -41,7 +41,7 @@ def backward(dy, dh, h, weight, rstd, eps):
             dw.zero_()
         return dx, dw
     w = as_fp32_param(weight)
-    f = cpu.declare(_lib(), "tsr_rms_norm_bwd", "plplplppppllii")
+    f = cpu.declare(_lib(), "tsr_rms_norm_bwd", "plplplpppplliii")
     rc = f(cpu.ptr(dy), dy.stride(0), cpu.ptr(dh), 0 if dh is None else dh.stride(0), cpu.ptr(h), h.stride(0),
            cpu.ptr(w), cpu.ptr(rstd), cpu.ptr(dx), cpu.ptr(dw), M, N, cpu.DTYPE_CODE[h.dtype],
            cpu.use_nt(dx), cpu.threads_for(M * N))

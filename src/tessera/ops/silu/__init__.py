@@ -75,7 +75,8 @@ SPEC = register_op(OpSpec(
     name=OP, fn=silu, ref=silu_ref, eager=silu_eager,
     kernels={"reference": "tessera.ops.silu.ref", "cpu": "tessera.ops.silu.cpu",
              "triton": "tessera.ops.silu.triton",
-             "opencl": "tessera.ops.silu.opencl"},
+             "opencl": "tessera.ops.silu.opencl",
+             "cpu:aarch64": "tessera.ops.silu.cross", "cpu:riscv64": "tessera.ops.silu.cross"},
     cases=ew.unary_cases(_VARIANTS), grad_inputs=("x",),
     bytes_fwd=ew.unary_bytes_fwd, bytes_bwd=ew.unary_bytes_bwd,
     flops_fwd=lambda kw: 4 * kw["x"].numel(),   # exp, add, divide, multiply

@@ -1,0 +1,115 @@
+"""``tessera bench --target aarch64|riscv64``: dynamic instructions per element of the edge-CPU
+kernels, vector build against the portable-C build of the same source.
+
+Emulated time means nothing, so the evidence is instruction counts.  Debian's qemu-user-static
+has no plugin support; instead each measurement runs a fresh runner under
+``qemu -d in_asm,exec,nochain -D LOG``: each translated block is logged once with its guest
+instructions (``IN:``), and each execution of a block (chaining off, so none is skipped) writes a
+``Trace`` line with the block's guest address; the sum over executions of the block sizes is the
+process's dynamic instruction count (start-up, protocol and the kernel).  (``-singlestep``, one
+line per instruction, trips an assertion in qemu 7.2's RISC-V translator.)  Two runs per row, with
+N and 2N elements, and the difference divided by N is the kernel's per-element cost: start-up,
+the hello, the protocol's fixed work and the per-row overheads of the smaller run cancel; what
+stays per element is the kernel (plus the runner's poisoning memset of the outputs, a few
+instructions per element in both builds, which understates the ratio slightly).
+
+The portable baseline is the same runner built with the vector unit off (``-march=armv8-a+nosimd``,
+``-march=rv64gc``: the kernels' vector-extension code lowers to scalar instructions), i.e. the
+portable C path of the same kernel.  RVV rows use ``TESSERA_RVV_VLEN`` (default 256).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+import tessera
+
+from ..backends import cross
+
+# (row name, op call) at a given row length: 4 rows, fp32 unless named
+M_ROWS = 4
+
+
+def _workloads():
+    g = torch.Generator().manual_seed(0)
+
+    def x(n, dtype=torch.float32):
+        return torch.randn(M_ROWS, n, generator=g).to(dtype)
+
+    return {
+        "rms_norm fwd fp32": lambda b, n: tessera.rms_norm(x(n), torch.rand(n, generator=g) + 0.5, backend=b),
+        "rms_norm fwd fp16": lambda b, n: tessera.rms_norm(x(n, torch.float16), torch.rand(n, generator=g) + 0.5,
+                                                           backend=b),
+        "silu fwd fp32": lambda b, n: tessera.silu(x(n), backend=b),
+        "swiglu fwd bf16": lambda b, n: tessera.swiglu(x(n, torch.bfloat16), x(n, torch.bfloat16), backend=b),
+        "quantize int8 fp32": lambda b, n: tessera.quantize_blocks(x(n), "int8", block_rows=1, block=0, backend=b),
+        "dequantize int8->fp32": lambda b, n: tessera.dequantize_blocks(
+            torch.randint(-127, 128, (M_ROWS, n), generator=g, dtype=torch.int8), torch.rand(M_ROWS, generator=g),
+            None, block_rows=1, block=0, dtype=torch.float32, backend=b),
+    }
+
+
+def _count(name: str, portable: bool, run, n: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "exec.log")
+        r = cross.Runner(name, portable=portable, qemu_extra=("-d", "in_asm,exec,nochain", "-D", log))
+        key = cross._key(name)
+        old = cross._runners.get(key)
+        cross._runners[key] = r
+        try:
+            run(name, n)
+        finally:
+            r.close()
+            if old is None:
+                cross._runners.pop(key, None)
+            else:
+                cross._runners[key] = old
+        return _dynamic_instructions(log)
+
+
+def _dynamic_instructions(log: str) -> int:
+    size: dict[int, int] = {}     # guest pc of a block -> instructions in its latest translation
+    total, block_pc, n = 0, None, 0
+    with open(log, errors="replace") as f:
+        for line in f:
+            if line.startswith("Trace "):
+                pc = int(line.split("[", 1)[1].split("/")[1], 16)
+                total += size.get(pc, 1)
+            elif line.startswith("IN:"):
+                block_pc, n = None, 0
+            elif line.startswith("0x") and ":" in line[:20]:
+                if block_pc is None:
+                    block_pc = int(line.split(":", 1)[0], 16)
+                n += 1
+                size[block_pc] = n
+    return total
+
+
+def per_element(target: str, n: int = 1024) -> list[dict]:
+    """Rows of {op, vector, portable, ratio}: instructions per element at row length n..2n."""
+    name = f"cpu:{target}"
+    ok, why = cross.available(name, torch.device("cpu"))
+    if not ok:
+        raise RuntimeError(why)
+    rows = []
+    for op, run in _workloads().items():
+        per = {}
+        for portable in (False, True):
+            a, b = _count(name, portable, run, n), _count(name, portable, run, 2 * n)
+            per[portable] = (b - a) / (M_ROWS * n)
+        rows.append({"op": op, "vector": per[False], "portable": per[True], "ratio": per[True] / per[False]})
+    return rows
+
+
+def report(target: str, n: int = 1024) -> str:
+    rows = per_element(target, n)
+    t = cross.TARGETS[f"cpu:{target}"]
+    isa = f"RVV 1.0, VLEN {cross.rvv_vlen()}" if t.arch == "riscv64" else "NEON (Armv8.0)"
+    out = [f"dynamic instructions per element, {target} ({isa}) vs portable C (vector unit off); "
+           f"{M_ROWS} rows x {n}..{2 * n}, qemu in_asm+exec trace",
+           f"{'op':<24}{'vector':>10}{'portable':>10}{'ratio':>8}"]
+    for r in rows:
+        out.append(f"{r['op']:<24}{r['vector']:>10.2f}{r['portable']:>10.2f}{r['ratio']:>7.1f}x")
+    return "\n".join(out)

@@ -1,0 +1,46 @@
+/* tessera_neon.h -- AArch64 NEON (Armv8.0 baseline) paths of the tessera_cpu.h helpers.
+ *
+ * Included by tessera_cpu.h when the target is AArch64 (cross-compiled into the cpu:aarch64
+ * runner; also what a native Arm build of the cpu backend gets).  The portable C of the kernels
+ * already auto-vectorises to NEON for fp32/bf16 (vector extensions -> fmla/fmul on v-registers);
+ * what the compiler cannot find by itself is fp16 <-> fp32: Armv8.0 has it in every core as
+ * FCVTL/FCVTN (4 lanes per instruction) while the portable path converts one element at a time
+ * with integer code.  Everything here is exact and matches tsr_h2f / tsr_f2h:
+ *   fp16 -> fp32   FCVTL is exact (every half is a float); subnormal halves are normal floats.
+ *   fp32 -> fp16   FCVTN rounds to nearest even (the FPCR default, which Linux keeps), overflow
+ *                  goes to +-inf, fp16 subnormals are produced (FZ16 is off by default).  A NaN
+ *                  stays a NaN (its payload's top bits are kept, as x86's VCVTPS2PH does; the
+ *                  portable tsr_f2h returns the canonical quiet NaN: NaN payloads are not part of
+ *                  the contract).
+ */
+#ifndef TESSERA_NEON_H
+#define TESSERA_NEON_H
+#include <arm_neon.h>
+#include <stdint.h>
+
+#define TSR_NEON 1
+
+/* n fp16 values (bits) at s -> fp32 at d; the tail (n % 4) is left to the caller */
+static inline int64_t tsr_neon_h2f(float *restrict d, const uint16_t *restrict s, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(s + i));
+        vst1q_f32(d + i, vcvt_f32_f16(vget_low_f16(h)));
+        vst1q_f32(d + i + 4, vcvt_high_f32_f16(h));
+    }
+    for (; i + 4 <= n; i += 4) vst1q_f32(d + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(s + i))));
+    return i;
+}
+
+/* n fp32 values at s -> fp16 bits at d (round to nearest even); returns how many were done */
+static inline int64_t tsr_neon_f2h(uint16_t *restrict d, const float *restrict s, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float16x8_t h = vcvt_high_f16_f32(vcvt_f16_f32(vld1q_f32(s + i)), vld1q_f32(s + i + 4));
+        vst1q_u16(d + i, vreinterpretq_u16_f16(h));
+    }
+    for (; i + 4 <= n; i += 4) vst1_u16(d + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(s + i))));
+    return i;
+}
+
+#endif /* TESSERA_NEON_H */

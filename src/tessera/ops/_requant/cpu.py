@@ -1,0 +1,109 @@
+"""Native CPU launchers of the integer-only pipeline (kernels: requant.c, and the int8 GEMM of
+ops/_qlinear_int8/qlinear_int8.c: AVX512-VNNI VPDPBUSD / VPDPWSSD micro-kernels).
+
+linear_int8_requant and conv2d_int8 are one int GEMM on the raw int8 (int16) activations plus a
+per-channel int64 offset (bias - x_zp * sum_k w) folded into the requantization: exact, and the
+GEMM needs no (x - zp) copy that would not fit int8.  conv2d_int8 is im2col (padding taps hold
+x_zp) into that GEMM, one GEMM per group.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..._library import contiguous, new_output
+from ...backends import cpu
+from .._qlinear_int8.cpu import int_mm_forward
+from .ref import DTYPES  # noqa: F401
+
+_SRC = Path(__file__).with_name("requant.c")
+ROUNDING = {"double": 0, "single": 1}
+
+
+def _lib():
+    return cpu.library("requant", _SRC)
+
+
+def requant_into(acc, mult, shift, off, zp, qmin, qmax, rounding, out):
+    """acc [M, C] int32/int64 row view -> out [M, C] int8/int16 row view (any row strides)."""
+    M, C = acc.shape
+    if M == 0 or C == 0:
+        return out
+    f = cpu.declare(_lib(), "tsr_requant", "plipplpllllliplii")
+    rc = f(cpu.ptr(acc), acc.stride(0), int(acc.dtype == torch.int64), cpu.ptr(mult), cpu.ptr(shift),
+           int(mult.numel() > 1), cpu.ptr(off), M, C, zp, qmin, qmax, ROUNDING[rounding], cpu.ptr(out),
+           out.stride(0), int(out.dtype == torch.int16), cpu.threads_for(M * C))
+    cpu.check_rc(rc, "requantize")
+    return out
+
+
+def forward(acc, multiplier, shift, zero_point, qmin, qmax, rounding, out_dtype):
+    out = new_output(tuple(acc.shape), out_dtype, acc.device)
+    return requant_into(acc, multiplier, shift, None, zero_point, qmin, qmax, rounding, out)
+
+
+def offset(weight, bias, x_zero_point):
+    """int64 [N]: bias - x_zp * sum_k w[n, k] (weight [N, K] int8 contiguous)."""
+    N, K = weight.shape
+    off = new_output((N,), torch.int64, weight.device)
+    f = cpu.declare(_lib(), "tsr_rq_offset", "pllpilp")
+    rc = f(cpu.ptr(weight), N, K, cpu.ptr(bias), int(bias is not None and bias.dtype == torch.int64),
+           x_zero_point, cpu.ptr(off))
+    cpu.check_rc(rc, "requantize offset")
+    return off
+
+
+def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype):
+    """x [M, K] int8 row view, weight [N, K] int8 contiguous, bias int32 [N] or None."""
+    M, N = x.shape[0], weight.shape[0]
+    out = new_output((M, N), out_dtype, x.device)
+    if M == 0 or N == 0:
+        return out
+    acc = int_mm_forward(x, weight)
+    return requant_into(acc, multiplier, shift, offset(weight, bias, x_zero_point), out_zero_point, qmin, qmax,
+                        rounding, out)
+
+
+def im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, pad_value, groups=1, order=0):
+    """order 0: columns (c, ky, kx); order 1 (channels-last x): (group, ky, kx, c) -- see requant.c."""
+    Nb, C, H, W = x.shape
+    cols = new_output((Nb * Ho * Wo, C * kh * kw), x.dtype, x.device)
+    if cols.numel() == 0:
+        return cols
+    f = cpu.declare(_lib(), "tsr_im2col", "pi" + "l" * 20 + "ipi")
+    rc = f(cpu.ptr(x), x.element_size(), Nb, C, H, W, *x.stride(), kh, kw, *stride, *padding, *dilation, Ho, Wo,
+           pad_value, groups, order, cpu.ptr(cols), cpu.threads_for(cols.numel()))
+    cpu.check_rc(rc, "conv2d_int8 im2col")
+    return cols
+
+
+def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype,
+                 stride, padding, dilation, groups, Ho, Wo):
+    """x [N, C, H, W] int8/int16 (any strides); weight [O, C/g, kh, kw] int8 contiguous.
+    Returns channels-last rows [N*Ho*Wo, O]."""
+    Nb = x.shape[0]
+    O, Cg, kh, kw = weight.shape
+    out = new_output((Nb * Ho * Wo, O), out_dtype, x.device)
+    if out.numel() == 0:
+        return out
+    # channels-last x (unit channel stride): each tap is Cg contiguous channels, gathered with one
+    # memcpy, in (ky, kx, c) column order -- the weight is permuted to match (O * K bytes, small)
+    order = int(Cg > 1)
+    if order and x.stride(1) != 1 and x.shape[1] > 1:
+        # NCHW x: one transposing copy to channels-last (N*C*H*W elements, ~1/(kh*kw) of the im2col
+        # rows it feeds) buys the memcpy gather; the per-element NCHW gather was ~15x slower
+        xc = new_output((Nb, x.shape[2], x.shape[3], x.shape[1]), x.dtype, x.device)
+        xc.copy_(x.permute(0, 2, 3, 1))
+        x = xc.permute(0, 3, 1, 2)
+    cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
+    w2 = (contiguous(weight.permute(0, 2, 3, 1)) if order else weight).reshape(O, Cg * kh * kw)
+    off = offset(w2, bias, x_zero_point)
+    Og, Kg = O // groups, Cg * kh * kw
+    per_ch = multiplier.numel() > 1
+    for g in range(groups):
+        o0, o1 = g * Og, (g + 1) * Og
+        acc = int_mm_forward(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1])
+        requant_into(acc, multiplier[o0:o1] if per_ch else multiplier, shift[o0:o1] if per_ch else shift,
+                     off[o0:o1], out_zero_point, qmin, qmax, rounding, out[:, o0:o1])
+    return out

@@ -1,0 +1,466 @@
+/* conv2d native CPU kernels (framework-free C11; launcher: cpu.py).
+ *
+ * Every kernel works on fp32 NHWC buffers made by tsr_conv2d_pack (which widens
+ * fp32/fp16/bf16 inputs of any strides, zero-pads, and for the input gradient also
+ * zero-inserts between rows/columns for strides), so the hot loops have no bounds or
+ * dtype branches:
+ *
+ *   tsr_conv2d_fwd     dense / grouped conv as an implicit GEMM: a tile of P output
+ *                      pixels x 16*NV output channels is held in registers and
+ *                      accumulated over (kh, kw, c_in) with one weight vector load
+ *                      shared by P broadcasts (weights packed [g][kh][kw][c_in][c_out pad 16]).
+ *   tsr_conv2d_fwd_dw  depthwise (one input and one output channel per group): direct,
+ *                      vectorised along the channels of an NHWC row (weights [kh][kw][C]).
+ *   tsr_conv2d_wgrad / tsr_conv2d_wgrad_dw / tsr_conv2d_bgrad   dweight, dbias.
+ *
+ * The forward epilogue adds the bias, applies the activation on the fp32 sum and rounds
+ * once to the output dtype (any output strides: NCHW or channels-last).  The input
+ * gradient is tsr_conv2d_fwd/_fwd_dw run on the packed dz with flipped, transposed
+ * weights (see __init__.py).  All accumulation is fp32; offsets are int64.
+ */
+#include "tessera_cpu.h"
+
+typedef float cv16 __attribute__((vector_size(64)));
+typedef float cv16u __attribute__((vector_size(64), aligned(4)));  /* unaligned load/store */
+typedef int32_t cv16i __attribute__((vector_size(64)));
+
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_RELU6 = 2, ACT_SILU = 3, ACT_GELU = 4 };
+
+#if defined(__AVX512F__)
+#define TILE_P 12  /* 12 pixels x 2 zmm = 24 of the 32 registers */
+#elif defined(__AVX2__)
+#define TILE_P 3   /* a cv16 is 2 ymm: 3 x 2 x 2 = 12 accumulators */
+#else
+#define TILE_P 2
+#endif
+
+static inline float act_f(float z, int act) {
+    switch (act) {
+    case ACT_RELU: return z > 0.f ? z : 0.f;
+    case ACT_RELU6: return z > 0.f ? (z < 6.f ? z : 6.f) : 0.f;
+    case ACT_SILU: return z * tsr_sigmoidf(z);
+    case ACT_GELU: return 0.5f * z * (1.f + tsr_erff(z * 0.70710678118654752f));
+    default: return z;
+    }
+}
+
+/* d act / dz (0 at the relu/relu6 kinks, as PyTorch) */
+static inline float act_grad(float z, int act) {
+    switch (act) {
+    case ACT_RELU: return z > 0.f ? 1.f : 0.f;
+    case ACT_RELU6: return (z > 0.f && z < 6.f) ? 1.f : 0.f;
+    case ACT_SILU: { float s = tsr_sigmoidf(z); return s * (1.f + z * (1.f - s)); }
+    case ACT_GELU: return 0.5f * (1.f + tsr_erff(z * 0.70710678118654752f))
+                          + z * tsr_expf(-0.5f * z * z) * 0.39894228040143268f;
+    default: return 1.f;
+    }
+}
+
+/* act over n fp32 values; one loop per activation so each vectorises (tsr_expf is branch-free) */
+static inline void act_block(float *restrict v, int64_t n, int act) {
+    switch (act) {
+    case ACT_RELU:
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) v[j] = v[j] > 0.f ? v[j] : 0.f;
+        break;
+    case ACT_RELU6:
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) v[j] = v[j] > 0.f ? (v[j] < 6.f ? v[j] : 6.f) : 0.f;
+        break;
+    case ACT_SILU:
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) v[j] = v[j] * tsr_sigmoidf(v[j]);
+        break;
+    case ACT_GELU:
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) v[j] = 0.5f * v[j] * (1.f + tsr_erff(v[j] * 0.70710678118654752f));
+        break;
+    default:
+        break;
+    }
+}
+
+static inline float ld1(const void *p, int64_t i, int dtype) {
+    if (dtype == TSR_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dtype == TSR_BF16 ? tsr_bf2f(h) : tsr_h2f(h);
+}
+
+static inline void st1(void *p, int64_t i, float v, int dtype) {
+    if (dtype == TSR_F32) ((float *)p)[i] = v;
+    else if (dtype == TSR_BF16) ((uint16_t *)p)[i] = tsr_f2bf(v);
+    else ((uint16_t *)p)[i] = tsr_f2h(v);
+}
+
+/* ------------------------------------------------------------------ pack
+ * dst[N][Hd][Wd][C] (fp32) = 0, except dst[n][oh + h*sh][ow + w*sw][c] = src(n, c, h, w)
+ * (times act'(z[n][h][w][c]) when z is given; z is fp32 NHWC contiguous [N][H][W][C]).
+ * Positions falling outside dst are dropped (a negative offset crops). */
+int tsr_conv2d_pack(const void *src, int dtype, int64_t N, int64_t C, int64_t H, int64_t W,
+                    int64_t sn, int64_t sc, int64_t sh_, int64_t sw_, const float *z, int act,
+                    float *dst, int64_t Hd, int64_t Wd, int64_t off_h, int64_t off_w,
+                    int64_t step_h, int64_t step_w, int threads) {
+    const int chan_inner = (sc == 1);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(tsr_threads(threads))
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t hd = 0; hd < Hd; hd++) {
+            float *row = dst + (n * Hd + hd) * Wd * C;
+            memset(row, 0, (size_t)(Wd * C) * 4);
+            int64_t hh = hd - off_h;
+            if (hh < 0 || hh % step_h) continue;
+            int64_t h = hh / step_h;
+            if (h >= H) continue;
+            /* source columns w whose destination off_w + w*step_w lies in [0, Wd) */
+            int64_t w0 = off_w >= 0 ? 0 : (-off_w + step_w - 1) / step_w;
+            int64_t w1 = Wd - off_w <= 0 ? 0 : (Wd - off_w + step_w - 1) / step_w;
+            if (w1 > W) w1 = W;
+            const float *zr = z ? z + (n * H + h) * W * C : NULL;
+            if (chan_inner) {
+                for (int64_t w = w0; w < w1; w++) {
+                    float *d = row + (off_w + w * step_w) * C;
+                    int64_t s0 = n * sn + h * sh_ + w * sw_;
+                    tsr_load_f32(d, (const char *)src + s0 * tsr_elsize(dtype), C, dtype);
+                    if (zr)
+                        for (int64_t c = 0; c < C; c++) d[c] *= act_grad(zr[w * C + c], act);
+                }
+            } else {
+                for (int64_t c = 0; c < C; c++) {
+                    int64_t s0 = n * sn + c * sc + h * sh_;
+                    for (int64_t w = w0; w < w1; w++) {
+                        float v = ld1(src, s0 + w * sw_, dtype);
+                        if (zr) v *= act_grad(zr[w * C + c], act);
+                        row[(off_w + w * step_w) * C + c] = v;
+                    }
+                }
+            }
+        }
+    }
+    return TSR_OK;
+}
+
+/* ------------------------------------------------------------------ epilogue */
+/* bias + activation on nvalid fp32 sums of one output pixel, stored at out + base with
+ * channel stride oc (oc == 1: one contiguous row store). */
+static inline void store_pixel(float *restrict v, int64_t nvalid, const float *bias, int act, void *out,
+                               int64_t base, int64_t oc, int dtype) {
+    if (bias)
+        for (int64_t j = 0; j < nvalid; j++) v[j] += bias[j];
+    act_block(v, nvalid, act);
+    if (oc == 1) {
+        tsr_store_conv((char *)out + base * tsr_elsize(dtype), v, nvalid, dtype);
+    } else {
+        for (int64_t j = 0; j < nvalid; j++) st1(out, base + j * oc, v[j], dtype);
+    }
+}
+
+/* one finished vector of 16 sums (bias included): relu / relu6 in registers, and a direct
+ * store when the output is fp32 channels-last; everything else through store_pixel */
+static inline void store_vec(cv16 v, int act, void *out, int64_t base, int64_t oc, int dtype) {
+    if (act == ACT_RELU || act == ACT_RELU6) {
+        v = (cv16)((cv16i)v & (v > 0.f));
+        if (act == ACT_RELU6) {
+            cv16i m = v < 6.f;
+            v = (cv16)(((cv16i)v & m) | ((cv16i)((cv16){0} + 6.f) & ~m));
+        }
+        act = ACT_NONE;
+    }
+    if (act == ACT_NONE && oc == 1 && dtype == TSR_F32) {
+        *(cv16u *)((float *)out + base) = v;
+        return;
+    }
+    float t[16];
+    *(cv16u *)t = v;
+    store_pixel(t, 16, NULL, act, out, base, oc, dtype);
+}
+
+/* ------------------------------------------------------------------ dense forward */
+typedef struct {
+    const float *xp; int64_t Hp, Wp, C;
+    const float *wp; int64_t cop;
+    const float *bias;
+    void *out; int dtype; int64_t on, oc, oh_s, ow_s;
+    int64_t OH, OW, G, cing, coutg, KH, KW, sh, sw, dh, dw;
+    int act;
+} fwd_args;
+
+/* one tile: np output pixels of image n starting at flattened pixel q0 (= oh*OW + ow, so a tile
+ * may span rows: a 7x7 output wastes no lanes) x channels co0 .. co0 + 16*NV of group g */
+__attribute__((always_inline)) static inline void dense_tile(const fwd_args *a, int64_t n, int64_t q0, int np,
+                                                             int64_t g, int64_t co0, const int NV) {
+    cv16 acc[TILE_P][2];
+    const float *xs[TILE_P];
+    int64_t obase[TILE_P];
+#pragma GCC unroll 16
+    for (int p = 0; p < TILE_P; p++) {
+        acc[p][0] = (cv16){0}; acc[p][1] = (cv16){0};
+        int64_t q = q0 + (p < np ? p : 0);
+        int64_t oh = q / a->OW, ow = q % a->OW;
+        xs[p] = a->xp + ((n * a->Hp + oh * a->sh) * a->Wp + ow * a->sw) * a->C + g * a->cing;
+        obase[p] = n * a->on + oh * a->oh_s + ow * a->ow_s;
+    }
+    const int64_t cing = a->cing, cop = a->cop;
+    for (int64_t kh = 0; kh < a->KH; kh++) {
+        for (int64_t kw = 0; kw < a->KW; kw++) {
+            const int64_t xoff = (kh * a->dh * a->Wp + kw * a->dw) * a->C;
+            const float *wk = a->wp + ((g * a->KH + kh) * a->KW + kw) * cing * cop + co0;
+            for (int64_t ci = 0; ci < cing; ci++) {
+                cv16 w0 = *(const cv16u *)(wk + ci * cop);
+                cv16 w1 = NV == 2 ? *(const cv16u *)(wk + ci * cop + 16) : (cv16){0};
+#pragma GCC unroll 16
+                for (int p = 0; p < TILE_P; p++) {
+                    float b = xs[p][xoff + ci];
+                    acc[p][0] += b * w0;
+                    if (NV == 2) acc[p][1] += b * w1;
+                }
+            }
+        }
+    }
+    int64_t nvalid = a->coutg - co0;
+    if (nvalid > 16 * NV) nvalid = 16 * NV;
+    const int64_t cglob = g * a->coutg + co0;
+    for (int p = 0; p < np; p++) {
+        float v[32];
+        *(cv16u *)v = acc[p][0];
+        if (NV == 2) *(cv16u *)(v + 16) = acc[p][1];
+        store_pixel(v, nvalid, a->bias ? a->bias + cglob : NULL, a->act, a->out, obase[p] + cglob * a->oc,
+                    a->oc, a->dtype);
+    }
+}
+
+/* Work items (group, 32-channel block, image, pixel tile), channel block outermost: a thread's
+ * consecutive items reuse one block of packed weights (c_in*KH*KW*32 floats) from its L2. */
+int tsr_conv2d_fwd(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C, const float *wp, int64_t cop,
+                   const float *bias, void *out, int dtype, int64_t on, int64_t oc, int64_t oh_s, int64_t ow_s,
+                   int64_t OH, int64_t OW, int64_t G, int64_t cing, int64_t coutg, int64_t KH, int64_t KW,
+                   int64_t sh, int64_t sw, int64_t dh, int64_t dw, int act, int threads) {
+    fwd_args a = {xp, Hp, Wp, C, wp, cop, bias, out, dtype, on, oc, oh_s, ow_s,
+                  OH, OW, G, cing, coutg, KH, KW, sh, sw, dh, dw, act};
+    const int64_t ncb = (coutg + 31) / 32, ntile = (OH * OW + TILE_P - 1) / TILE_P;
+#pragma omp parallel for collapse(4) schedule(static) num_threads(tsr_threads(threads))
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t cb = 0; cb < ncb; cb++) {
+            for (int64_t n = 0; n < N; n++) {
+                for (int64_t t = 0; t < ntile; t++) {
+                    const int64_t co0 = cb * 32, q0 = t * TILE_P;
+                    int np = OH * OW - q0 < TILE_P ? (int)(OH * OW - q0) : TILE_P;
+                    if (coutg - co0 > 16) dense_tile(&a, n, q0, np, g, co0, 2);
+                    else dense_tile(&a, n, q0, np, g, co0, 1);
+                }
+            }
+        }
+    }
+    return TSR_OK;
+}
+
+/* ------------------------------------------------------------------ depthwise forward */
+/* x: fp32 NHWC [N][H][W][C], unpadded; the zero padding (pt, pl; bottom/right implied by OH/OW)
+ * is virtual: taps outside x are skipped.  Channels in blocks of 16 (one vector); 8 output
+ * pixels of a row in registers share each tap's weight vector.  A tile whose taps all lie
+ * inside x's columns takes the branch-free path; border pixels check each column.  Channel
+ * tails (C % 16) take a scalar loop. */
+#define DW_P 8
+int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C, const float *wp,
+                      const float *bias, void *out, int dtype, int64_t on, int64_t oc, int64_t oh_s, int64_t ow_s,
+                      int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh,
+                      int64_t dw, int64_t pt, int64_t pl, int act, int threads) {
+    const int64_t cfull = C / 16 * 16;
+    const int64_t ps = sw * C;  /* next output pixel's input offset */
+    const int k3s1 = KW == 3 && sw == 1 && dw == 1;
+    /* output columns whose taps all lie inside x: ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw < W */
+    const int64_t ow_lo = (pl + sw - 1) / sw;
+    int64_t ow_hi = W - 1 - (KW - 1) * dw + pl < 0 ? 0 : (W - 1 - (KW - 1) * dw + pl) / sw + 1;
+    if (ow_hi > OW) ow_hi = OW;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(tsr_threads(threads))
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t oh = 0; oh < OH; oh++) {
+            const int64_t ih0 = oh * sh - pt;
+            int64_t kh0 = 0, kh1 = KH;  /* taps whose row lies inside x */
+            while (kh0 < KH && ih0 + kh0 * dh < 0) kh0++;
+            while (kh1 > kh0 && ih0 + (kh1 - 1) * dh >= H) kh1--;
+            const float *ximg = x + n * H * W * C;
+            for (int64_t c0 = 0; c0 < cfull; c0 += 16) {
+                cv16 b = (cv16){0};
+                if (bias) b = *(const cv16u *)(bias + c0);
+                /* interior columns [ow_lo, ow_hi): every tap inside x; 8-pixel tiles there, single
+                 * pixels with per-tap column checks elsewhere */
+                int64_t ow0 = 0;
+                while (ow0 < OW) {
+                    const int64_t iw0 = ow0 * sw - pl;
+                    if (ow0 >= ow_lo && ow0 + DW_P <= ow_hi) {
+                        const int64_t base = n * on + c0 * oc + oh * oh_s + ow0 * ow_s;
+                        /* named accumulators: the allocator keeps all 8 in registers */
+                        cv16 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;
+                        if (k3s1) {  /* 3 taps, unit stride and dilation: 10 input vectors serve 24 FMAs */
+                            for (int64_t kh = kh0; kh < kh1; kh++) {
+                                const float *xt = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
+                                const float *wk = wp + kh * 3 * C + c0;
+                                const cv16 w0 = *(const cv16u *)wk, w1 = *(const cv16u *)(wk + C),
+                                           w2 = *(const cv16u *)(wk + 2 * C);
+                                cv16 x0 = *(const cv16u *)xt, x1 = *(const cv16u *)(xt + C);
+                                cv16 x2 = *(const cv16u *)(xt + 2 * C), x3 = *(const cv16u *)(xt + 3 * C);
+                                cv16 x4 = *(const cv16u *)(xt + 4 * C), x5 = *(const cv16u *)(xt + 5 * C);
+                                cv16 x6 = *(const cv16u *)(xt + 6 * C), x7 = *(const cv16u *)(xt + 7 * C);
+                                cv16 x8 = *(const cv16u *)(xt + 8 * C), x9 = *(const cv16u *)(xt + 9 * C);
+                                a0 += x0 * w0 + x1 * w1 + x2 * w2;
+                                a1 += x1 * w0 + x2 * w1 + x3 * w2;
+                                a2 += x2 * w0 + x3 * w1 + x4 * w2;
+                                a3 += x3 * w0 + x4 * w1 + x5 * w2;
+                                a4 += x4 * w0 + x5 * w1 + x6 * w2;
+                                a5 += x5 * w0 + x6 * w1 + x7 * w2;
+                                a6 += x6 * w0 + x7 * w1 + x8 * w2;
+                                a7 += x7 * w0 + x8 * w1 + x9 * w2;
+                            }
+                        } else
+                        for (int64_t kh = kh0; kh < kh1; kh++) {
+                            const float *xk = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
+                            const float *wk = wp + kh * KW * C + c0;
+                            for (int64_t kw = 0; kw < KW; kw++) {
+                                const cv16 wv = *(const cv16u *)(wk + kw * C);
+                                const float *xt = xk + kw * dw * C;
+                                a0 += *(const cv16u *)(xt) * wv;
+                                a1 += *(const cv16u *)(xt + ps) * wv;
+                                a2 += *(const cv16u *)(xt + 2 * ps) * wv;
+                                a3 += *(const cv16u *)(xt + 3 * ps) * wv;
+                                a4 += *(const cv16u *)(xt + 4 * ps) * wv;
+                                a5 += *(const cv16u *)(xt + 5 * ps) * wv;
+                                a6 += *(const cv16u *)(xt + 6 * ps) * wv;
+                                a7 += *(const cv16u *)(xt + 7 * ps) * wv;
+                            }
+                        }
+                        store_vec(a0, act, out, base, oc, dtype);
+                        store_vec(a1, act, out, base + ow_s, oc, dtype);
+                        store_vec(a2, act, out, base + 2 * ow_s, oc, dtype);
+                        store_vec(a3, act, out, base + 3 * ow_s, oc, dtype);
+                        store_vec(a4, act, out, base + 4 * ow_s, oc, dtype);
+                        store_vec(a5, act, out, base + 5 * ow_s, oc, dtype);
+                        store_vec(a6, act, out, base + 6 * ow_s, oc, dtype);
+                        store_vec(a7, act, out, base + 7 * ow_s, oc, dtype);
+                        ow0 += DW_P;
+                        continue;
+                    }
+                    cv16 a0 = b;  /* one pixel, checking each tap's column */
+                    for (int64_t kh = kh0; kh < kh1; kh++)
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            const int64_t c = iw0 + kw * dw;
+                            if (c < 0 || c >= W) continue;
+                            a0 += *(const cv16u *)(ximg + ((ih0 + kh * dh) * W + c) * C + c0)
+                                  * *(const cv16u *)(wp + (kh * KW + kw) * C + c0);
+                        }
+                    store_vec(a0, act, out, n * on + c0 * oc + oh * oh_s + ow0 * ow_s, oc, dtype);
+                    ow0++;
+                }
+            }
+            for (int64_t c = cfull; c < C; c++) {  /* channel tail */
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    float a = bias ? bias[c] : 0.f;
+                    for (int64_t kh = kh0; kh < kh1; kh++)
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            const int64_t iw = ow * sw - pl + kw * dw;
+                            if (iw < 0 || iw >= W) continue;
+                            a += ximg[((ih0 + kh * dh) * W + iw) * C + c] * wp[(kh * KW + kw) * C + c];
+                        }
+                    st1(out, n * on + c * oc + oh * oh_s + ow * ow_s, act_f(a, act), dtype);
+                }
+            }
+        }
+    }
+    return TSR_OK;
+}
+
+/* ------------------------------------------------------------------ weight gradient (dense) */
+/* dW[(g*coutg + co)][ci][kh][kw] = sum over pixels of dz[pix][g*coutg + co] * xp[tap(pix, kh, kw)][g*cing + ci].
+ * Tiles of R input channels x 32 output channels stay in registers over all pixels; tiles are
+ * shared out among threads (no reduction needed). */
+#define WG_R 6
+int tsr_conv2d_wgrad(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C, const float *dz,
+                     int64_t OH, int64_t OW, int64_t Cout, int64_t G, int64_t cing, int64_t coutg,
+                     int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh, int64_t dw, float *dW,
+                     int threads) {
+    const int64_t nrb = (cing + WG_R - 1) / WG_R, ncb = (coutg + 31) / 32;
+    const int64_t ntiles = G * KH * KW * nrb * ncb;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(tsr_threads(threads))
+    for (int64_t t = 0; t < ntiles; t++) {
+        int64_t cb = t % ncb, r = t / ncb;
+        int64_t rb = r % nrb; r /= nrb;
+        int64_t kw = r % KW; r /= KW;
+        int64_t kh = r % KH; int64_t g = r / KH;
+        int64_t ci0 = rb * WG_R, co0 = cb * 32;
+        int rv = (int)(cing - ci0 < WG_R ? cing - ci0 : WG_R);
+        int64_t cv = coutg - co0 < 32 ? coutg - co0 : 32;
+        cv16 acc[WG_R][2];
+        for (int i = 0; i < WG_R; i++) { acc[i][0] = (cv16){0}; acc[i][1] = (cv16){0}; }
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const float *xr = xp + ((n * Hp + oh * sh + kh * dh) * Wp + kw * dw) * C + g * cing + ci0;
+                const float *dr = dz + (n * OH + oh) * OW * Cout + g * coutg + co0;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const float *xv = xr + ow * sw * C;
+                    const float *dv = dr + ow * Cout;
+                    cv16 d0, d1;
+                    if (cv == 32) {
+                        d0 = *(const cv16u *)dv; d1 = *(const cv16u *)(dv + 16);
+                    } else {
+                        float tmp[32] = {0};
+                        for (int64_t j = 0; j < cv; j++) tmp[j] = dv[j];
+                        d0 = *(const cv16u *)tmp; d1 = *(const cv16u *)(tmp + 16);
+                    }
+                    if (rv == WG_R) {
+                        for (int i = 0; i < WG_R; i++) { acc[i][0] += xv[i] * d0; acc[i][1] += xv[i] * d1; }
+                    } else {
+                        for (int i = 0; i < rv; i++) { acc[i][0] += xv[i] * d0; acc[i][1] += xv[i] * d1; }
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < rv; i++) {
+            float v[32];
+            *(cv16u *)v = acc[i][0]; *(cv16u *)(v + 16) = acc[i][1];
+            for (int64_t j = 0; j < cv; j++)
+                dW[(((g * coutg + co0 + j) * cing + ci0 + i) * KH + kh) * KW + kw] = v[j];
+        }
+    }
+    return TSR_OK;
+}
+
+/* depthwise: dW[c][0][kh][kw] = sum over pixels of dz[pix][c] * xp[tap(pix, kh, kw)][c]; one task per tap */
+int tsr_conv2d_wgrad_dw(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C, const float *dz,
+                        int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh,
+                        int64_t dw, float *dW, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(tsr_threads(threads))
+    {
+        float *acc = tsr_scratch(C);
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t tap = 0; tap < KH * KW; tap++) {
+            if (!acc) continue;
+            int64_t kh = tap / KW, kw = tap % KW;
+            memset(acc, 0, (size_t)C * 4);
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        const float *restrict xr = xp + ((n * Hp + oh * sh + kh * dh) * Wp + ow * sw + kw * dw) * C;
+                        const float *restrict dr = dz + ((n * OH + oh) * OW + ow) * C;
+#pragma omp simd
+                        for (int64_t c = 0; c < C; c++) acc[c] += xr[c] * dr[c];
+                    }
+            for (int64_t c = 0; c < C; c++) dW[c * KH * KW + tap] = acc[c];
+        }
+        free(acc);
+    }
+    return failed ? TSR_ENOMEM : TSR_OK;
+}
+
+/* dbias[c] = sum over pixels of dz[pix][c] (dz: fp32 [P][C]) */
+int tsr_conv2d_bgrad(const float *dz, int64_t P, int64_t C, float *db) {
+    memset(db, 0, (size_t)C * 4);
+    for (int64_t p = 0; p < P; p++) {
+        const float *restrict r = dz + p * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) db[c] += r[c];
+    }
+    return TSR_OK;
+}

@@ -1,0 +1,196 @@
+"""conv2d native CPU launcher (kernels: conv2d.c).
+
+Forward: x is widened/zero-padded into an fp32 NHWC buffer by ``tsr_conv2d_pack`` (skipped
+for an unpadded channels-last fp32 x, which already is one), weights are packed per group as
+[kh][kw][c_in][c_out rounded up to 16] (depthwise: [kh][kw][C]), then the dense implicit-GEMM
+or the direct depthwise kernel writes y in x's memory format with the fused epilogue.
+
+Backward: z recomputed (fp32 NHWC) when an activation is fused; dz = dy * act'(z) packed
+fp32 NHWC; dweight and dbias from dz and the padded x; dx = the forward kernel on dz
+zero-inserted by the stride and padded by d*(k-1) - pad, with the weight flipped in
+(kh, kw) and c_in/c_out swapped per group.
+"""
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+
+import torch
+
+from ... import _library
+from ..._library import as_fp32_param, new_output
+from ...backends import cpu
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SRC = Path(__file__).with_name("conv2d.c")
+ACT_CODE = {None: 0, "relu": 1, "relu6": 2, "silu": 3, "gelu": 4}
+
+
+def _lib():
+    return cpu.library("conv2d", _SRC)
+
+
+def _channels_last(x):
+    return x.dim() == 4 and x.shape[1] > 1 and x.stride(1) == 1 and x.stride(3) > 1
+
+
+def _out(x, n, c, h, w, dtype=None):
+    """A kernel-written output in x's memory format, and its (n, c, h, w) strides."""
+    dt = x.dtype if dtype is None else dtype
+    if _channels_last(x):
+        return new_output((n, h, w, c), dt, x.device).permute(0, 3, 1, 2)
+    return new_output((n, c, h, w), dt, x.device)
+
+
+def _pack(src, Hd, Wd, off_h, off_w, step_h=1, step_w=1, z=None, act=0):
+    """fp32 NHWC [N, Hd, Wd, C] copy of the 4-D NCHW-indexed ``src`` (any strides/dtype) placed at
+    (off + i*step), zeros elsewhere; times act'(z) when z (fp32 NHWC, src's sizes) is given."""
+    N, C, H, W = src.shape
+    dst = new_output((N, Hd, Wd, C), torch.float32, src.device)
+    f = cpu.declare(_lib(), "tsr_conv2d_pack", "pillllllllpiplllllli")
+    rc = f(cpu.ptr(src), cpu.DTYPE_CODE[src.dtype], N, C, H, W, *src.stride(), cpu.ptr(z), act,
+           cpu.ptr(dst), Hd, Wd, off_h, off_w, step_h, step_w, cpu.threads_for(dst.numel()))
+    cpu.check_rc(rc, "conv2d pack")
+    return dst
+
+
+def _padded_input(x, pads):
+    t, b, l, r = pads
+    N, C, H, W = x.shape
+    if not any(pads) and x.dtype == torch.float32 and _channels_last(x) and \
+            x.permute(0, 2, 3, 1).is_contiguous():
+        return x.permute(0, 2, 3, 1)  # already fp32 NHWC, unpadded
+    return _pack(x, H + t + b, W + l + r, t, l)
+
+
+def _is_dw(weight, groups):
+    return weight.shape[1] == 1 and weight.shape[0] == groups
+
+
+def _pack_weight(weight, groups, transpose=False):
+    """Dense: fp32 [G][KH][KW][K][COP] (K = c_in/g, COP = c_out/g rounded up to 16, zero-filled);
+    transpose=True packs the input-gradient weight (kh, kw flipped, c_in and c_out swapped).
+    Depthwise: fp32 [KH][KW][C] (flipped for the input gradient)."""
+    cout, cing, KH, KW = weight.shape
+    if _is_dw(weight, groups):
+        w = weight.flip(2, 3) if transpose else weight
+        return as_fp32_param(w.permute(2, 3, 0, 1)), 0
+    w = weight.unflatten(0, (groups, cout // groups))        # [G][co][ci][kh][kw]
+    w = w.flip(3, 4).permute(0, 3, 4, 1, 2) if transpose else w.permute(0, 3, 4, 2, 1)
+    w = as_fp32_param(w)                                      # [G][KH][KW][K][M]
+    m = w.shape[-1]
+    cop = (m + 15) // 16 * 16
+    if cop == m:
+        return w, cop
+    wp = new_output(tuple(w.shape[:-1]) + (cop,), torch.float32, w.device)
+    wp.zero_()
+    wp[..., :m] = w
+    return wp, cop
+
+
+_PACKS: dict = {}  # (id(weight), groups, transpose) -> (weakref, (version, ptr, strides, dtype), packed)
+
+
+def _packed_weight(weight, groups, transpose=False):
+    """``_pack_weight`` memoised per weight tensor: inference calls the same weight every time, and
+    packing a large weight (a 512x512x3x3 gather-transpose) can cost more than the conv itself.  The entry
+    is valid while the tensor object lives and its version counter, storage address, strides and
+    dtype are unchanged (an in-place update such as an optimizer step bumps the version and
+    repacks); it dies with the tensor.  Not used while a test places buffers (fence) or for
+    inference-mode tensors (no version counter)."""
+    if _library._PLACE[0] is not None or weight.is_inference():
+        return _pack_weight(weight, groups, transpose)
+    key = (id(weight), groups, transpose)
+    stamp = (weight._version, weight.data_ptr(), weight.stride(), weight.dtype)
+    ent = _PACKS.get(key)
+    if ent is not None and ent[0]() is weight and ent[1] == stamp:
+        return ent[2]
+    packed = _pack_weight(weight, groups, transpose)
+    _PACKS[key] = (weakref.ref(weight, lambda _r, k=key: _PACKS.pop(k, None)), stamp, packed)
+    return packed
+
+
+def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0)):
+    """Run the forward kernel on the packed input xp [N, Hp, Wp, C] into out (N, G*M, OH, OW);
+    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp."""
+    N, Hp, Wp, C = xp.shape
+    OH, OW = out.shape[2], out.shape[3]
+    b = as_fp32_param(bias)
+    th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16)
+    if dw_kernel:
+        f = cpu.declare(_lib(), "tsr_conv2d_fwd_dw", "pllllpppillllllllllllllii")
+        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
+               *out.stride(), OH, OW, KH, KW, *stride, *dilation, *vpad, act, th)
+    else:
+        f = cpu.declare(_lib(), "tsr_conv2d_fwd", "pllllplppilllllllllllllllii")
+        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(wp), cop, cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
+               *out.stride(), OH, OW, groups, K, M, KH, KW, *stride, *dilation, act, th)
+    cpu.check_rc(rc, "conv2d forward")
+
+
+def _out_hw(x, weight, stride, pads, dilation):
+    H, W = x.shape[2], x.shape[3]
+    KH, KW = weight.shape[2], weight.shape[3]
+    OH = (H + pads[0] + pads[1] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
+    OW = (W + pads[2] + pads[3] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
+    return OH, OW
+
+
+def forward(x, weight, bias, stride, pads, dilation, groups, activation):
+    N = x.shape[0]
+    cout, cing, KH, KW = weight.shape
+    OH, OW = _out_hw(x, weight, stride, pads, dilation)
+    out = _out(x, N, cout, OH, OW)
+    if N == 0:
+        return out
+    dwk = _is_dw(weight, groups)
+    # the depthwise kernel pads virtually (reads x in place when it is fp32 channels-last)
+    xp = _padded_input(x, (0, 0, 0, 0) if dwk else pads)
+    wp, cop = _packed_weight(weight, groups)
+    _conv(xp, wp, cop, bias, out, groups, dwk, cing, cout // groups, KH, KW, stride, dilation, ACT_CODE[activation],
+          (pads[0], pads[2]) if dwk else (0, 0))
+    return out
+
+
+def backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias):
+    N, C, H, W = x.shape
+    cout, cing, KH, KW = weight.shape
+    OH, OW = dy.shape[2], dy.shape[3]
+    dx = _out(x, N, C, H, W)
+    dw = new_output(tuple(weight.shape), torch.float32, x.device)
+    db = new_output((cout,), torch.float32, x.device) if need_bias else None
+    if N == 0:
+        dw.zero_()
+        if db is not None:
+            db.zero_()
+        return dx, dw, db
+    lib, act = _lib(), ACT_CODE[activation]
+    dwk = _is_dw(weight, groups)
+    xp = _padded_input(x, pads)
+    Hp, Wp = xp.shape[1], xp.shape[2]
+    z = None
+    if act:  # recompute the pre-activation sum in fp32 NHWC
+        z = new_output((N, OH, OW, cout), torch.float32, x.device)
+        wp, cop = _packed_weight(weight, groups)
+        _conv(xp, wp, cop, bias, z.permute(0, 3, 1, 2), groups, dwk, cing, cout // groups, KH, KW, stride,
+              dilation, 0)
+    dz = _pack(dy, OH, OW, 0, 0, z=z, act=act)              # fp32 NHWC dz
+    th = cpu.threads_for(dz.numel() * cing * KH * KW // 16)
+    if dwk:
+        f = cpu.declare(lib, "tsr_conv2d_wgrad_dw", "pllllpllllllllpi")
+        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(dz), OH, OW, KH, KW, *stride, *dilation, cpu.ptr(dw), th)
+    else:
+        f = cpu.declare(lib, "tsr_conv2d_wgrad", "pllllpllllllllllllpi")
+        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(dz), OH, OW, cout, groups, cing, cout // groups, KH, KW,
+               *stride, *dilation, cpu.ptr(dw), th)
+    cpu.check_rc(rc, "conv2d weight gradient")
+    if db is not None:
+        f = cpu.declare(lib, "tsr_conv2d_bgrad", "pllp")
+        cpu.check_rc(f(cpu.ptr(dz), N * OH * OW, cout, cpu.ptr(db)), "conv2d bias gradient")
+    # dx: correlate dz (zero-inserted by the stride, offset by d*(k-1) - pad) with the flipped weight
+    Hz, Wz = H + dilation[0] * (KH - 1), W + dilation[1] * (KW - 1)
+    dzz = _pack(dz.permute(0, 3, 1, 2), Hz, Wz, dilation[0] * (KH - 1) - pads[0], dilation[1] * (KW - 1) - pads[2],
+                stride[0], stride[1])
+    wt, cop = _packed_weight(weight, groups, transpose=True)
+    _conv(dzz, wt, cop, None, dx, groups, dwk, cout // groups, cing, KH, KW, (1, 1), dilation, 0)
+    return dx, dw, db

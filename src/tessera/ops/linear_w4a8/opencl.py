@@ -1,0 +1,6 @@
+"""opencl kernel module of linear_w4a8 (ops/_qlinear_int4/qlinear_int4.cl)."""
+from .._qlinear_int4.opencl import DTYPES, forward_w4a8 as forward  # noqa: F401
+
+
+def backward(*args):
+    raise NotImplementedError("linear_w4a8 has no gradient (inference op)")

@@ -1,0 +1,41 @@
+"""RMSNorm launcher of the edge-CPU backends cpu:aarch64 / cpu:riscv64 (kernel: rms_norm.c, cross-compiled
+into the remote runner; runtime: backends/cross.py).  Same C entry points and arguments as cpu.py;
+tensors go to the runner as buffers, one thread, ordinary stores."""
+from __future__ import annotations
+
+import torch
+
+from ..._library import as_fp32_param, new_output
+from ...backends import cross
+from ...backends.cpu import DTYPE_CODE
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def forward(x, weight, residual, eps):
+    M, N = x.shape
+    y = new_output((M, N), x.dtype, x.device)
+    h = None if residual is None else new_output((M, N), x.dtype, x.device)
+    rstd = new_output((M,), torch.float32, x.device)
+    if M == 0:
+        return y, h, rstd
+    w = as_fp32_param(weight)
+    rc = cross.call("tsr_rms_norm_fwd", x, x.stride(0), residual, 0 if residual is None else residual.stride(0),
+                    w, y, h, rstd, M, N, eps, DTYPE_CODE[x.dtype], 0, 1)
+    cross.check_rc(rc, "rms_norm forward")
+    return y, h, rstd
+
+
+def backward(dy, dh, h, weight, rstd, eps):
+    M, N = h.shape
+    dx = new_output((M, N), h.dtype, h.device)
+    dw = None if weight is None else new_output((N,), torch.float32, h.device)
+    if M == 0:
+        if dw is not None:
+            dw.zero_()
+        return dx, dw
+    w = as_fp32_param(weight)
+    rc = cross.call("tsr_rms_norm_bwd", dy, dy.stride(0), dh, 0 if dh is None else dh.stride(0), h, h.stride(0),
+                    w, rstd, dx, dw, M, N, DTYPE_CODE[h.dtype], 0, 1)
+    cross.check_rc(rc, "rms_norm backward")
+    return dx, dw

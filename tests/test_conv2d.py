@@ -1,0 +1,150 @@
+"""tessera.conv2d beyond the generic matrix: hypothesis fuzz of shapes/strides/groups/layouts
+(the row fuzz of test_fuzz.py cannot build conv inputs), memory format of the output,
+option errors, tessera.nn.Conv2d and tessera.fold_batchnorm."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tessera
+from tessera._registry import Case, backend_available
+from tessera.ops.conv2d import _build
+from tessera.testing.matrix import run_case
+
+EXAMPLES = int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25"))
+NATIVE = [b for b in ("cpu",) if backend_available(b, torch.device("cpu"))[0]]
+SPEC = tessera.OPS["conv2d"]
+
+
+@st.composite
+def conv_case(draw):
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    depthwise = draw(st.booleans())
+    cing = 1 if depthwise else draw(st.integers(1, 5))
+    mult = draw(st.integers(1, 2)) if depthwise else draw(st.integers(1, 7))
+    groups = draw(st.integers(1, 20)) if depthwise else groups  # >= 16: the vector channel blocks
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    d = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    same = s == (1, 1) and draw(st.booleans())
+    pad = "same" if same else (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    h = draw(st.integers(max(1, d[0] * (kh - 1) + 1 - 2 * (0 if same else pad[0])), 11))
+    w = draw(st.integers(max(1, d[1] * (kw - 1) + 1 - 2 * (0 if same else pad[1])), 21))  # 8-pixel tiles
+    n = draw(st.integers(0, 2))
+    layout = draw(st.sampled_from(["nchw", "cl", "view", "clview"]))
+    act = draw(st.sampled_from([None, "relu", "relu6", "silu", "gelu"]))
+    bias = draw(st.booleans())
+    name = f"fuzz[n{n} c{cing * groups} {h}x{w} o{mult * groups} k{kh}x{kw} s{s} d{d} p{pad} g{groups} {layout} {act}]"
+    return _build(name, (n, cing * groups, h, w), (mult * groups, cing, kh, kw), bias=bias, layout=layout,
+                  stride=s, padding=pad, dilation=d, groups=groups, activation=act)
+
+
+@pytest.mark.fuzz  # `pytest -m fuzz`: EXAMPLES becomes >= 1000 (tests/conftest.py)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("backend", NATIVE)
+def test_fuzz_conv2d_vs_reference(backend, dtype):
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=os.environ.get("TESSERA_FUZZ_RANDOM") != "1",
+              database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=conv_case())
+    def check(case: Case):
+        r = run_case(SPEC, backend, dtype, case)
+        assert r.ok, f"{case.name}: {r.why}"
+
+    check()
+
+
+@pytest.mark.parametrize("backend", ["reference"] + NATIVE)
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["nchw", "cl"])
+def test_output_memory_format_follows_x(backend, fmt):
+    x = torch.randn(2, 4, 9, 7).contiguous(memory_format=fmt)
+    w = torch.randn(6, 4, 3, 3)
+    y = tessera.conv2d(x, w, padding=1, backend=backend)
+    assert y.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(y, F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(padding="full"), "'padding'"),
+    (dict(padding="same", stride=2), "'padding'"),
+    (dict(stride=0), "'stride'"),
+    (dict(dilation=(1, 0)), "'dilation'"),
+    (dict(padding=-1), "'padding'"),
+    (dict(groups=3), "'weight'"),
+    (dict(activation="tanh"), "'activation'"),
+])
+def test_bad_options(kw, needle):
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    with pytest.raises(ValueError) as info:
+        tessera.conv2d(x, w, **kw, backend="cpu")
+    assert needle in str(info.value)
+
+
+def test_weight_larger_than_input_is_an_error():
+    with pytest.raises(ValueError, match="'weight'"):
+        tessera.conv2d(torch.randn(1, 2, 3, 3), torch.randn(2, 2, 5, 5), backend="cpu")
+
+
+def _cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU6(),
+        torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 1), torch.nn.BatchNorm2d(16))
+
+
+def test_nn_conv2d_is_a_drop_in():
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(5, 6, 3, stride=2, padding=1, groups=1)
+    mine = tessera.nn.Conv2d(5, 6, 3, stride=2, padding=1, activation="silu")
+    mine.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 5, 9, 9, requires_grad=True)
+    y = mine(x)
+    torch.testing.assert_close(y, F.silu(ref(x)), rtol=1e-5, atol=1e-5)
+    (g,) = torch.autograd.grad(y.sum(), [mine.weight])
+    (gr,) = torch.autograd.grad(F.silu(ref(x)).sum(), [ref.weight])
+    torch.testing.assert_close(g, gr, rtol=1e-4, atol=1e-4)
+    shared = tessera.nn.Conv2d.from_torch(ref)
+    assert shared.weight is ref.weight
+    torch.testing.assert_close(shared(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fold_batchnorm_matches_eval_outputs():
+    torch.manual_seed(0)
+    model = _cnn()
+    model.train()
+    for _ in range(3):  # non-trivial running statistics
+        model(torch.randn(4, 3, 12, 12) * 2 + 0.5)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    model.eval()
+    x = torch.randn(2, 3, 12, 12)
+    want = model(x)
+    with pytest.raises(ValueError, match="eval"):
+        tessera.fold_batchnorm(_cnn().train())
+    folded = tessera.fold_batchnorm(model)
+    convs = [m for m in folded.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 3 and all(isinstance(m, tessera.nn.Conv2d) for m in convs)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    torch.testing.assert_close(folded(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_weight_cache_sees_in_place_updates():
+    """The cpu launcher memoises packed weights per tensor; an in-place update must repack."""
+    x, w = torch.randn(1, 8, 6, 6), torch.randn(16, 8, 3, 3)
+    y1 = tessera.conv2d(x, w, padding=1, backend="cpu")
+    torch.testing.assert_close(y1, F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-4)
+    with torch.no_grad():
+        w.mul_(-2.0)
+    y2 = tessera.conv2d(x, w, padding=1, backend="cpu")
+    torch.testing.assert_close(y2, F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-4)
+    w2 = w.clone()  # a different tensor (maybe at a freed address) never hits w's entry
+    del w
+    torch.testing.assert_close(tessera.conv2d(x, w2 * 0.5, padding=1, backend="cpu"),
+                               F.conv2d(x, w2 * 0.5, padding=1), rtol=1e-5, atol=1e-4)

@@ -1,0 +1,285 @@
+"""The integer-only pipeline: requantize, linear_int8_requant, conv2d_int8.
+
+* golden vectors (tests/golden/requant/vectors.json, written by tests/golden/gen_requant.py in plain
+  Python integers, independent of tessera and torch): every backend bit for bit, including
+  rounding ties of both signs, int32 saturation, multiplier 2^31 - 1 / INT32_MIN, shifts -31..30
+  and the int64 (int16-activation) path;
+* the CPU build with and without AVX512-VNNI (the int8 GEMM under linear / conv);
+* bad inputs (ranges of shift / qmin / qmax / zero point, dtypes) raise clear errors;
+* hypothesis fuzz of shapes, layouts and options against the reference (spec.fuzz).
+The op-contract matrix (tests/test_matrix.py) runs every spec case on every backend as well.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tessera
+from tessera._registry import Case, backend_available
+from tessera.testing.matrix import run_case
+
+CPU = torch.device("cpu")
+BACKENDS = [b for b in ("reference", "cpu", "triton", "opencl") if backend_available(b, CPU)[0]]
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "requant" / "vectors.json").read_text())
+
+
+def _t(v, dtype):
+    return torch.tensor(v, dtype=dtype)
+
+
+def _backends(op):
+    return [b for b in BACKENDS if b in tessera.OPS[op].kernels]
+
+
+@pytest.mark.parametrize("backend", _backends("requantize"))
+def test_requantize_golden(backend):
+    bad = []
+    for i, v in enumerate(GOLDEN["requantize"]):
+        acc = _t(v["acc"], getattr(torch, v["acc_dtype"]))
+        y = tessera.requantize(acc, _t(v["multiplier"], torch.int32), _t(v["shift"], torch.int32), v["zero_point"],
+                               v["qmin"], v["qmax"], rounding=v["rounding"], out_dtype=getattr(torch, v["out_dtype"]),
+                               backend=backend)
+        assert y.dtype == getattr(torch, v["out_dtype"]) and y.shape == acc.shape
+        exp = _t(v["out"], torch.int64)
+        if not torch.equal(y.long(), exp):
+            bad.append(f"vector {i} ({v['rounding']}, m={v['multiplier'][:2]}, s={v['shift'][:2]}): "
+                       f"{int((y.long() != exp).sum())} elements differ")
+    assert not bad, "\n".join(bad)
+
+
+def test_requantize_rounding_rules():
+    """The documented tie rules, on hand-computed values (multiplier 2^30 = 0.5, shift -1: acc / 4):
+    SRDHM rounds ties up (its negative nudge is 1 - 2^30, not -2^30: -2.5 -> -2), RDBPOT rounds
+    ties away from zero, single rounding rounds ties up."""
+    acc = _t([[2, -2, 6, -6, 10, -10]], torch.int32)
+    m, s = _t(2**30, torch.int32), _t(-1, torch.int32)
+    # exact acc/4: 0.5, -0.5, 1.5, -1.5, 2.5, -2.5.  double: SRDHM(acc, 0.5) = acc/2 (exact for
+    # even acc), then RDBPOT by 1: half away from zero
+    assert tessera.requantize(acc, m, s, backend="reference").tolist() == [[1, -1, 2, -2, 3, -3]]
+    assert tessera.requantize(acc, m, s, rounding="single", backend="reference").tolist() == [[1, 0, 2, -1, 3, -2]]
+    # double rounding differs from single rounding: acc = 3, m = 0.5, shift -1: 3/4 = 0.75
+    # SRDHM(3, 0.5) = 1.5 -> 2 (away from zero), then 2 / 2 = 1 (single: round(0.75) = 1 too);
+    # acc = 5: 5/4 = 1.25; SRDHM -> 2.5 -> 3, RDBPOT 3 / 2 = 1.5 -> 2 (single: 1): the double-rounding
+    # artefact; acc = -5: SRDHM -2.5 -> -2 (tie up), RDBPOT -2 / 2 = -1 (single: -1.25 -> -1)
+    acc = _t([[5, -5]], torch.int32)
+    assert tessera.requantize(acc, m, s, backend="reference").tolist() == [[2, -1]]
+    assert tessera.requantize(acc, m, s, rounding="single", backend="reference").tolist() == [[1, -1]]
+    for b in _backends("requantize"):
+        for r in ("double", "single"):
+            assert torch.equal(tessera.requantize(acc, m, s, rounding=r, backend=b),
+                               tessera.requantize(acc, m, s, rounding=r, backend="reference"))
+
+
+def test_requantize_out_dtype_rules():
+    acc = torch.randint(-2**20, 2**20, (3, 5), dtype=torch.int32)
+    m, s = _t(2**30, torch.int32), _t(-8, torch.int32)
+    assert tessera.requantize(acc, m, s).dtype == torch.int8
+    assert tessera.requantize(acc, m, s, qmin=-1000, qmax=1000).dtype == torch.int16
+    assert tessera.requantize(acc, m, s, out_dtype=torch.int16).dtype == torch.int16
+    relu = tessera.requantize(acc, m, s, -3, -3, 127)
+    assert int(relu.min()) >= -3
+
+
+@pytest.mark.parametrize("change,exc,needle", [
+    ({"shift": _t([31], torch.int32)}, ValueError, "'shift'.*-31, 30"),
+    ({"shift": _t([-32], torch.int32)}, ValueError, "'shift'"),
+    ({"shift": _t([1, 2], torch.int32)}, ValueError, "'shift'.*1 value"),
+    ({"multiplier": _t([1], torch.int64)}, TypeError, "'multiplier'.*int32"),
+    ({"acc": _t([[1.0]], torch.float32)}, TypeError, "'acc'"),
+    ({"qmin": 5, "qmax": 4}, ValueError, "qmin=5, qmax=4"),
+    ({"qmin": -200, "out_dtype": torch.int8}, ValueError, "qmin"),
+    ({"zero_point": 300}, ValueError, "'zero_point'"),
+    ({"zero_point": 1.5}, TypeError, "'zero_point'"),
+    ({"rounding": "nearest"}, ValueError, "'rounding'"),
+    ({"out_dtype": torch.int32}, TypeError, "'out_dtype'"),
+])
+def test_requantize_bad_input(change, exc, needle):
+    kw = {"acc": _t([[1, 2, 3]], torch.int32), "multiplier": _t([2**30], torch.int32),
+          "shift": _t([-1], torch.int32)}
+    kw.update(change)
+    with pytest.raises(exc, match=needle):
+        tessera.requantize(**kw, backend="cpu")
+
+
+def test_requantize_int64_rules():
+    acc = _t([[2**40, -2**40]], torch.int64)
+    with pytest.raises(ValueError, match="'shift'.*-31, 7"):
+        tessera.requantize(acc, _t([2**30], torch.int32), _t([8], torch.int32))
+    with pytest.raises(ValueError, match="'rounding'.*int64"):
+        tessera.requantize(acc, _t([2**30], torch.int32), _t([0], torch.int32), rounding="double")
+
+
+# ---------------------------------------------------------------- hypothesis fuzz (spec.fuzz)
+
+@st.composite
+def _requant_inputs(draw):
+    M = draw(st.integers(0, 30))
+    Cn = draw(st.integers(1, 300))
+    acc64 = draw(st.booleans())
+    rounding = "single" if acc64 else draw(st.sampled_from(["double", "single"]))
+    per_ch = draw(st.booleans())
+    rowslice = draw(st.booleans())
+    out_dtype = draw(st.sampled_from([torch.int8, torch.int16]))
+    zp = draw(st.integers(-100, 100))
+    lo, hi = (-128, 127) if out_dtype == torch.int8 else (-32768, 32767)
+    qmin = draw(st.integers(lo, hi))
+    qmax = draw(st.integers(qmin, hi))
+
+    def mk(dtype, device, gen):
+        n = Cn if per_ch else 1
+        if acc64:
+            acc = torch.randint(-2**50, 2**50, (M, Cn + 2), generator=gen, dtype=torch.int64)
+            shift = torch.randint(-31, 8, (n,), generator=gen, dtype=torch.int32)
+        else:
+            acc = torch.randint(-2**31, 2**31, (M, Cn + 2), generator=gen, dtype=torch.int64).to(torch.int32)
+            shift = torch.randint(-31, 31, (n,), generator=gen, dtype=torch.int32)
+        acc = acc[:, 1:Cn + 1] if rowslice else acc[:, :Cn].contiguous()
+        mult = torch.randint(-2**31, 2**31, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
+        return {"acc": acc, "multiplier": mult, "shift": shift, "zero_point": max(lo, min(hi, zp)),
+                "qmin": qmin, "qmax": qmax, "rounding": rounding, "out_dtype": out_dtype}
+    return out_dtype, Case(f"fuzz-{M}x{Cn}-{rounding}-{acc64}-{per_ch}", mk)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("backend", [b for b in _backends("requantize") if b != "reference"])
+def test_fuzz_requantize_vs_reference(backend):
+    spec = tessera.OPS["requantize"]
+
+    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(drawn=_requant_inputs())
+    def check(drawn):
+        dtype, case = drawn
+        r = run_case(spec, backend, dtype, case)
+        assert r.ok, f"{backend} {case.name}: {r.why}"
+
+    check()
+
+
+# ---------------------------------------------------------------- linear_int8_requant / conv2d_int8
+
+@pytest.fixture(params=["vnni", "portable"])
+def gemm_path(request, monkeypatch):
+    """The CPU int8 GEMM under linear / conv, with and without AVX512-VNNI (bit-exact both)."""
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if request.param == "vnni" and not qcpu.has_vnni():
+        pytest.skip("this CPU/ISA level has no AVX512-VNNI (the portable path is tested)")
+    monkeypatch.setenv("TESSERA_QI8_VNNI", "1" if request.param == "vnni" else "0")
+    return request.param
+
+
+@pytest.mark.parametrize("backend", _backends("linear_int8_requant"))
+def test_linear_int8_requant_golden(backend, gemm_path):
+    for i, v in enumerate(GOLDEN["linear"]):
+        y = tessera.linear_int8_requant(_t(v["x"], torch.int8), v["x_zero_point"], _t(v["weight"], torch.int8),
+                                        _t(v["bias"], torch.int32), _t(v["multiplier"], torch.int32),
+                                        _t(v["shift"], torch.int32), v["out_zero_point"], v["qmin"], v["qmax"],
+                                        backend=backend)
+        assert y.dtype == torch.int8
+        assert torch.equal(y.long(), _t(v["out"], torch.int64)), f"vector {i}"
+
+
+def test_linear_int8_requant_bad_input():
+    x = torch.zeros(2, 8, dtype=torch.int8)
+    w = torch.zeros(3, 8, dtype=torch.int8)
+    m, s = _t([2**30], torch.int32), _t([-3], torch.int32)
+    with pytest.raises(ValueError, match="'weight'.*K = 8"):
+        tessera.linear_int8_requant(x, 0, w[:, :5], None, m, s)
+    with pytest.raises(TypeError, match="'bias'.*int32"):
+        tessera.linear_int8_requant(x, 0, w, torch.zeros(3), m, s)
+    with pytest.raises(ValueError, match="'x_zero_point'=200"):
+        tessera.linear_int8_requant(x, 200, w, None, m, s)
+    with pytest.raises(ValueError, match="'x_zero_point'.*symmetric"):
+        tessera.linear_int8_requant(x.short(), 1, w, None, m, s)
+    with pytest.raises(ValueError, match="'multiplier'.*3"):
+        tessera.linear_int8_requant(x, 0, w, None, _t([1, 2], torch.int32), s)
+    with pytest.raises(TypeError, match="'x'"):
+        tessera.linear_int8_requant(x.float(), 0, w, None, m, s)
+
+
+@pytest.mark.parametrize("backend", _backends("conv2d_int8"))
+def test_conv2d_int8_golden(backend, gemm_path):
+    for i, v in enumerate(GOLDEN["conv2d"]):
+        xdt = getattr(torch, v["x_dtype"])
+        x = _t(v["x"], xdt)
+        bias = _t(v["bias"], torch.int32 if xdt == torch.int8 else torch.int64)
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            y = tessera.conv2d_int8(x.contiguous(memory_format=fmt), v["x_zero_point"], _t(v["weight"], torch.int8),
+                                    bias, _t(v["multiplier"], torch.int32), _t(v["shift"], torch.int32),
+                                    v["out_zero_point"], v["stride"], v["padding"], v["dilation"], v["groups"],
+                                    v["qmin"], v["qmax"], backend=backend)
+            assert y.dtype == (torch.int8 if xdt == torch.int8 else torch.int16)
+            assert torch.equal(y.long(), _t(v["out"], torch.int64)), f"vector {i} {fmt}"
+            assert y.is_contiguous(memory_format=fmt)
+
+
+def test_conv2d_int8_bad_input():
+    x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
+    w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)
+    m, s = _t([2**30], torch.int32), _t([-3], torch.int32)
+    with pytest.raises(ValueError, match="'weight'.*groups = 1"):
+        tessera.conv2d_int8(x, 0, w, None, m, s)
+    with pytest.raises(ValueError, match="'x'.*smaller"):
+        tessera.conv2d_int8(x[:, :, :2, :2], 0, w, None, m, s, groups=2)
+    with pytest.raises(ValueError, match="'stride'"):
+        tessera.conv2d_int8(x, 0, w, None, m, s, stride=0, groups=2)
+    with pytest.raises(ValueError, match="'same'"):
+        tessera.conv2d_int8(x, 0, w, None, m, s, padding="same", stride=2, groups=2)
+    with pytest.raises(TypeError, match="'bias'.*int64"):
+        tessera.conv2d_int8(x.short(), 0, w, torch.zeros(6, dtype=torch.int32), m, s, groups=2)
+    with pytest.raises(ValueError, match="'x'.*4-D"):
+        tessera.conv2d_int8(x[0], 0, w, None, m, s, groups=2)
+    y = tessera.conv2d_int8(x, 0, w, None, m, s, padding="same", groups=2)
+    assert y.shape == (1, 6, 5, 5)
+
+
+@st.composite
+def _conv_inputs(draw):
+    from tessera.ops.conv2d_int8.spec import conv_case
+    g = draw(st.sampled_from([1, 2, 3]))
+    C = g * draw(st.integers(1, 4))
+    O = g * draw(st.integers(1, 3))
+    k = draw(st.integers(1, 3))
+    d = draw(st.integers(1, 2))
+    H = draw(st.integers(d * (k - 1) + 1, 9))
+    W = draw(st.integers(d * (k - 1) + 1, 9))
+    layout = draw(st.sampled_from(["contig", "channels_last", "strided"]))
+    dtype = draw(st.sampled_from([torch.int8, torch.int16]))
+    case = conv_case(f"fuzz-{C}x{H}x{W}-o{O}-k{k}-g{g}-d{d}-{layout}", draw(st.integers(0, 2)), C, H, W, O, k,
+                     stride=draw(st.integers(1, 3)), padding=draw(st.integers(0, 2)), dilation=d, groups=g,
+                     layout=layout, per_channel=draw(st.booleans()), bias=draw(st.booleans()),
+                     relu=draw(st.booleans()))
+    return dtype, case
+
+
+@st.composite
+def _linear_inputs(draw):
+    from tessera.ops.linear_int8_requant import _case
+    M, K, N = draw(st.integers(0, 20)), draw(st.integers(1, 300)), draw(st.integers(1, 40))
+    case = _case(f"fuzz-{M}x{K}-n{N}", (M,), K, N, per_channel=draw(st.booleans()),
+                 layout=draw(st.sampled_from(["contig", "rowslice", "transposed"])), bias=draw(st.booleans()),
+                 relu=draw(st.booleans()))
+    return draw(st.sampled_from([torch.int8, torch.int16])), case
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("op,inputs", [("conv2d_int8", _conv_inputs), ("linear_int8_requant", _linear_inputs)])
+def test_fuzz_int_pipeline_vs_reference(op, inputs):
+    """The compiled CPU kernels (im2col, VNNI GEMM, requant.c) against the int64 reference."""
+    spec = tessera.OPS[op]
+
+    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(drawn=inputs())
+    def check(drawn):
+        dtype, case = drawn
+        r = run_case(spec, "cpu", dtype, case)
+        assert r.ok, f"{op} {case.name} {dtype}: {r.why}"
+
+    check()
