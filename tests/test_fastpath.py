@@ -46,7 +46,10 @@ def _cases(dtype):
         x = _rand(shape, dtype, i)
         w, b, r = _rand((n,), dtype, 100 + i), _rand((n,), dtype, 200 + i), _rand(shape, dtype, 300 + i)
         w32 = w.float()
+        wp, bp = torch.nn.Parameter(w.clone()), torch.nn.Parameter(b.clone())  # a model's weights
         out += [(f"silu{shape}", lambda x=x: tessera.silu(x)),
+                (f"layer_norm-parameters{shape}", lambda x=x, w=wp, b=bp: tessera.layer_norm(x, w, b, 1e-5)),
+                (f"rms_norm-parameter{shape}", lambda x=x, w=wp: tessera.rms_norm(x, w, 1e-6)),
                 (f"softmax{shape}", lambda x=x: tessera.softmax(x, -1)),
                 (f"softmax-lastdim{shape}", lambda x=x: tessera.softmax(x, x.dim() - 1)),
                 (f"layer_norm{shape}", lambda x=x, w=w, b=b: tessera.layer_norm(x, w, b, 1e-5)),
@@ -192,6 +195,10 @@ def test_autograd_and_test_hooks_bypass_it(fast):
     y = _not_fast(fast, lambda: tessera.silu(x))
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.func.grad(lambda t: torch.nn.functional.silu(t).sum())(x.detach()))
+    # a Parameter weight with grad enabled: the custom op, and the weight gets its gradient
+    w = torch.nn.Parameter(_rand((9,), torch.float32, 6))
+    _not_fast(fast, lambda: tessera.rms_norm(x.detach(), w)).sum().backward()
+    assert w.grad is not None and w.grad.shape == (9,)
     with torch.no_grad(), _library.poison_outputs():
         _not_fast(fast, lambda: tessera.softmax(x))
     with torch.no_grad(), torch.autograd.profiler.profile():

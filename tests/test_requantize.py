@@ -29,6 +29,21 @@ BACKENDS = [b for b in ("reference", "cpu", "triton", "opencl") if backend_avail
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "requant" / "vectors.json").read_text())
 
 
+def test_golden_file_is_the_independent_generator_output(tmp_path, monkeypatch):
+    """vectors.json is byte for byte what tests/golden/gen_requant.py (numpy, formulas written out;
+    no tessera, no torch) writes now: never tessera's own earlier output."""
+    import importlib.util
+    src = Path(__file__).parent / "golden"
+    spec = importlib.util.spec_from_file_location("gen_requant", src / "gen_requant.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert "tessera" not in gen.__dict__ and "torch" not in gen.__dict__
+    (tmp_path / "requant").mkdir()
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    gen.main()
+    assert (tmp_path / "requant" / "vectors.json").read_bytes() == (src / "requant" / "vectors.json").read_bytes()
+
+
 def _t(v, dtype):
     return torch.tensor(v, dtype=dtype)
 

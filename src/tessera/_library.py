@@ -26,6 +26,8 @@ from typing import Iterator
 
 import torch
 
+_PARAMETER = torch.nn.Parameter
+
 _POISON = [False]
 _PLACE = [None]  # (shape, dtype, device) -> contiguous tensor, or None: plain torch.empty
 
@@ -148,7 +150,9 @@ def direct(op, impl, *tensors):
     for t in tensors:
         if t is None:
             continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad) or not (t.is_cpu or t.is_cuda):
+        # nn.Parameter (every model's weights) is a plain tensor here: no __torch_function__ of its own
+        if (type(t) is not torch.Tensor and type(t) is not _PARAMETER) or (grad and t.requires_grad) \
+                or not (t.is_cpu or t.is_cuda):
             return op
         if _functorch_wrapped(t):
             return op

@@ -3,7 +3,9 @@
 * ``tessera.quantize(model, "w4a16-g128")`` -- replaces the model's ``nn.Linear`` layers in
   place by ``tessera.nn.QuantLinear`` (recipes in ``tessera.quant.model``) and returns the
   model itself (as torchao's ``quantize_`` users expect: ``model = tessera.quantize(model, r)``
-  works).  The report of the layers replaced and the memory saved is the model's
+  works; the static CNN recipes ``int8-static`` / ``a16w8-static`` take ``calibration=[batch, ...]``
+  and return a new ``tessera.quant.static.StaticQuantModel``, leaving the float model as it was).
+  The report of the layers replaced and the memory saved is the model's
   ``tessera_quant_report`` attribute and is logged at INFO on the ``tessera`` logger;
   ``tessera.quant.quantize_model`` returns it directly;
 * ``tessera.quantize(tensor, "int4-g128")`` -- a ``QTensor`` in that named format
@@ -23,7 +25,7 @@ def quantize(obj, recipe_or_format: str, **kwargs):
         from .quant.model import quantize_model
         report = quantize_model(obj, recipe_or_format, **kwargs)  # also sets obj.tessera_quant_report
         _log.info("%s", report)
-        return obj
+        return obj if report.model is None else report.model   # static recipes: a new model
     if isinstance(obj, torch.Tensor):
         from .quant import quantize as quantize_tensor
         return quantize_tensor(obj, recipe_or_format, **kwargs)

@@ -8,7 +8,8 @@
   table op x backend x dtype; exit status 1 on any failure.
 * ``tessera bench`` -- the benchmark (:mod:`tessera.bench`): tessera vs PyTorch
   eager vs torch.compile on the memory roofline, table + ``bench.json`` +
-  ``bench.png``.
+  ``bench.png``.  ``tessera bench --models`` runs the model-level section instead
+  (:mod:`tessera.bench.models`: whole HF models, random init; ~7 min on 2 cores with ``--threads 1``).
 
 Everything is generated from ``tessera.OPS``: a newly registered op shows up in
 all three commands without touching this file.
@@ -266,10 +267,41 @@ def _maybe_reexec(args) -> None:
     os.execve(sys.executable, argv, env)
 
 
+def cmd_bench_models(args, argv_list) -> int:
+    """``tessera bench --models``: the model-level section alone (:mod:`tessera.bench.models`)."""
+    from pathlib import Path
+
+    from .bench import models
+    from .bench.report import machine_info, versions
+    size = "tiny" if args.tiny else "full"
+    t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    print(f"tessera bench --models: {', '.join(models.CONFIGS[size])}, every contender in a fresh child process"
+          + ("" if args.tiny else " (~7 min on 2 cores with --threads 1)"), flush=True)
+    rep = models.run(size, compile=not args.no_compile, compile_timeout_s=args.compile_timeout, threads=args.threads)
+    report = {"command": argv_list, "started": t0, "machine": machine_info(), "versions": versions(),
+              "section": "models", "models": rep}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench.json", "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    md = models.table(rep)
+    (out / "table.md").write_text(md + "\n")
+    print()
+    print(md)
+    print(f"\nwrote {out / 'bench.json'} and {out / 'table.md'} in {rep['elapsed_s']} s")
+    return 0
+
+
 def cmd_bench(args, parser, argv_list) -> int:
     import torch
 
     from . import bench
+    if args.models:
+        clash = [f for f, v in (("--op", args.op), ("--dtype", args.dtype), ("--backend", args.backend),
+                                ("--target", args.target), ("--quick", args.quick)) if v]
+        if clash:
+            parser.error(f"argument --models: runs the model-level section only; drop {', '.join(clash)}")
+        return cmd_bench_models(args, argv_list)
     if args.threads:
         torch.set_num_threads(args.threads)
     scale = args.shape_scale if args.shape_scale is not None else (0.004 if args.tiny else (0.25 if args.quick else 1.0))
@@ -310,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also the long bench cases (tagged 'extended': e.g. attention batch 1-4 x seq 512-4096)")
     b.add_argument("--repeats", type=int, help="timed samples per contender (default 10, --quick 5)")
     b.add_argument("--threads", type=int, help="torch/OpenMP threads (default: torch's)")
+    b.add_argument("--models", action="store_true",
+                   help="instead of the per-op run: model-level figures (Llama-style ~125M decoder, BERT-style "
+                        "encoder; random init): train step, prefill, decode tokens/s and training peak memory, "
+                        "transformers eager / torch.compile / tessera.patch / + w4a8 "
+                        "(~7 min on 2 cores with --threads 1); writes bench.json and table.md")
+    b.add_argument("--compile-timeout", type=float, default=240,
+                   help="--models: seconds allowed per torch.compile child (compilation included; default 240)")
     b.add_argument("--no-compile", action="store_true",
                    help="do not time torch.compile (its compilation dominates a short GPU session)")
     b.add_argument("--no-malloc-tuning", action="store_true",
@@ -354,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import icount
         print(icount.report(args.target))
         return 0
-    if argv is None:
+    if argv is None and not args.models:   # --models: its children run on glibc's default malloc settings
         _maybe_reexec(args)
     return cmd_bench(args, parser, ["tessera", *(sys.argv[1:] if argv is None else argv)])
 

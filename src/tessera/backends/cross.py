@@ -54,6 +54,10 @@ RUNNER_SRC = ROOT / "csrc" / "runner"
 KERNELS = {
     "tsr_rms_norm_fwd": ("rms_norm/rms_norm.c", "rlrlrwwwllfiii"),
     "tsr_rms_norm_bwd": ("rms_norm/rms_norm.c", "rlrlrlrrwwlliii"),
+    "tsr_layer_norm_fwd": ("layer_norm/layer_norm.c", "rlrlrrwwwwllfiii"),
+    "tsr_layer_norm_bwd": ("layer_norm/layer_norm.c", "rlrlrlrrrwwwlliii"),
+    "tsr_softmax_fwd": ("softmax/softmax.c", "rlwlliili"),
+    "tsr_softmax_bwd": ("softmax/softmax.c", "rlrlwlliili"),
     "tsr_act_fwd": ("_elementwise/activations.c", "rlwlliiii"),
     "tsr_act_bwd": ("_elementwise/activations.c", "rlrlwlliiii"),
     "tsr_glu_fwd": ("_elementwise/activations.c", "rlrlwlliiii"),

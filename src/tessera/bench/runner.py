@@ -50,7 +50,7 @@ from typing import Callable
 
 import torch
 
-from .._registry import OpSpec, supports
+from .._registry import OpSpec, has_backward, supports
 from .._cases import seed_for
 from . import roofline, timing
 
@@ -104,7 +104,12 @@ def plans(ops: list[OpSpec], dtypes, backends, device: torch.device, directions=
                 for d in directions:
                     if d == "bwd" and (not spec.grad_inputs or spec.bytes_bwd is None or "nograd" in case.tags):
                         continue
-                    out.append(Plan(spec, case, dt, d, tuple(runnable)))
+                    run = runnable
+                    if d == "bwd":   # a forward-only kernel module (BACKWARD = False) has no bwd row
+                        run = [b for b in runnable if has_backward(spec, b)]
+                        notes.extend(f"{spec.name}/{b}: forward only" for b in runnable if b not in run)
+                    if run:
+                        out.append(Plan(spec, case, dt, d, tuple(run)))
     return out, sorted(set(notes))
 
 

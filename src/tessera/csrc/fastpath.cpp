@@ -105,11 +105,18 @@ bool plain(py::handle obj, at::Tensor &out) {
   return true;
 }
 
+// exactly torch.nn.Parameter (not a subclass): a model's weights, plain tensors for this purpose
+// (Parameter has no __torch_function__ of its own; _library.direct accepts it too)
+bool is_parameter(py::handle obj) {
+  static PyObject *type = py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
+  return (PyObject *)Py_TYPE(obj.ptr()) == type;
+}
+
 // weight/bias: None, or a 1-D float CPU tensor of size n, handed to the kernel as contiguous
 // fp32 (_library.as_fp32_param: a copy only when it is not already that)
 bool param(py::handle obj, int64_t n, at::Tensor &out) {
   if (obj.is_none()) return true;
-  if (!THPVariable_CheckExact(obj.ptr())) return false;
+  if (!THPVariable_CheckExact(obj.ptr()) && !is_parameter(obj)) return false;
   const at::Tensor &t = THPVariable_Unpack(obj.ptr());
   if (!t.device().is_cpu() || dtype_code(t.scalar_type()) < 0 || t.dim() != 1 || t.size(0) != n) return false;
   out = t.to(at::kFloat).contiguous();

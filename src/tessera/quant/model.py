@@ -19,6 +19,12 @@ recipe            op                   weight storage / activations
                                        (DeepSeek-V3); x e4m3 per (token, 128 of K)
 ================  ===================  ===================================================
 
+Static (calibrated) recipes for CNNs -- ``int8-static`` and ``a16w8-static``: every nn.Conv2d /
+nn.Linear computed by ``conv2d_int8`` / ``linear_int8_requant`` with calibrated activation ranges
+(``tessera.quantize(model, "int8-static", calibration=[batch, ...])`` returns a new
+``StaticQuantModel``) -- are in ``tessera.quant.static`` (``STATIC_RECIPES``; not in ``RECIPES``,
+the per-layer weight recipes above).
+
 Weights are quantised with ``tessera.quant.contract`` (round-to-nearest, absmax scales: no
 calibration data, no GPTQ error feedback).  int4 recipes need ``in_features % group == 0``;
 :func:`quantize_model` leaves (and reports) the layers that do not fit.
@@ -154,6 +160,7 @@ class QuantReport:
     bytes_after: int = 0
     layer_bytes_before: int = 0    # the replaced nn.Linear layers only (weight + bias)
     layer_bytes_after: int = 0     # their QuantLinear buffers
+    model: Optional[torch.nn.Module] = dataclasses.field(default=None, repr=False)  # static recipes: the new model
 
     @property
     def ratio(self) -> float:
@@ -166,7 +173,8 @@ class QuantReport:
 
     def __str__(self) -> str:
         mib = 1 << 20
-        lines = [f"tessera.quantize recipe={self.recipe}: {len(self.replaced)} linear layers replaced, "
+        kind = "conv/linear" if self.model is not None else "linear"
+        lines = [f"tessera.quantize recipe={self.recipe}: {len(self.replaced)} {kind} layers replaced, "
                  f"{len(self.skipped)} skipped",
                  f"  model  : {self.bytes_before / mib:9.3f} MiB -> {self.bytes_after / mib:9.3f} MiB "
                  f"({self.ratio:.2f}x smaller)",
@@ -183,7 +191,8 @@ def _matches(name: str, patterns) -> bool:
     return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def quantize_model(model: torch.nn.Module, recipe: str, *, skip=(), backend: Optional[str] = None) -> QuantReport:
+def quantize_model(model: torch.nn.Module, recipe: str, *, skip=(), backend: Optional[str] = None,
+                   calibration=None) -> QuantReport:
     """Replace every ``torch.nn.Linear`` of ``model`` in place by a ``tessera.nn.QuantLinear``
     of ``recipe`` (see the module docstring), except:
 
@@ -196,12 +205,30 @@ def quantize_model(model: torch.nn.Module, recipe: str, *, skip=(), backend: Opt
     Skipped layers stay float and are listed in the returned :class:`QuantReport` with the
     reason; the report is also kept as ``model.tessera_quant_report`` (``tessera.quantize``
     returns the model, not the report).  ``backend`` is stored on the new layers and passed to
-    every op call."""
-    from ..nn.quant_linear import QuantLinear
+    every op call.
 
-    r = get_recipe(recipe, "tessera.quantize_model")
+    Static recipes (``int8-static``, ``a16w8-static``: ``tessera.quant.static``) need
+    ``calibration`` (an iterable of input batches), quantize every Conv2d and Linear, leave
+    ``model`` untouched and return the report with the new model as ``report.model``
+    (``tessera.quantize`` returns that model)."""
+    from ..nn.quant_linear import QuantLinear
+    from .static import STATIC_RECIPES, quantize_static
+
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"tessera.quantize_model: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(recipe, str) and recipe in STATIC_RECIPES:
+        if skip:
+            raise ValueError(f"tessera.quantize_model: argument 'skip' is not supported by the static recipe {recipe!r}")
+        report = QuantReport(recipe, bytes_before=model_bytes(model))
+        report.model = quantize_static(model, recipe, calibration, backend=backend, report=report)[0]
+        return report
+    if isinstance(recipe, str) and recipe not in RECIPES:
+        raise ValueError(f"tessera.quantize_model: argument 'recipe'={recipe!r} is not a recipe; expected one of "
+                         f"{tuple(RECIPES) + tuple(STATIC_RECIPES)}")
+    if calibration is not None:
+        raise ValueError(f"tessera.quantize_model: argument 'calibration' is only used by the static recipes "
+                         f"{tuple(STATIC_RECIPES)}; recipe {recipe!r} quantizes weights without calibration data")
+    r = get_recipe(recipe, "tessera.quantize_model")
     if isinstance(skip, str):
         skip = (skip,)
     report = QuantReport(r.name, bytes_before=model_bytes(model))

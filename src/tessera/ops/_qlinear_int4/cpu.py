@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ... import dispatch
 from ..._library import as_fp32_param, contiguous, new_output
 from ...backends import cpu
 from . import ACT_CODE
@@ -23,9 +24,18 @@ def _lib():
     return cpu.library("qlinear_int4", _SRC)
 
 
+_VENDOR = (dispatch.w4a16, dispatch.w4a8)
+_KIND = ("w4a16", "w4a8")
+_OP = ("linear_w4a16", "linear_w4a8")
+
+
 def _forward(mode, x, weight, weight_scale, weight_zero, group_size, bias, activation):
     M, K = x.shape
     N = weight.shape[0]
+    wdt = x.dtype if mode == 0 else torch.float32  # the vendor route's cached weight dtype
+    if M and N and dispatch.use_vendor(_OP[mode], x.dtype, M, N, K, lambda: dispatch.cache_ok(
+            _KIND[mode], weight, wdt, dispatch.int4_bytes(weight, wdt))):
+        return _VENDOR[mode](x, weight, weight_scale, weight_zero, group_size, bias, activation)
     y = new_output((M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return y

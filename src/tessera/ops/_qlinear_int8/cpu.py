@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ... import _env
+from ... import _env, dispatch
 from ..._library import new_output
 from ...backends import cpu
 from .ref import ACT_CODE, DTYPES, INT_DTYPES  # noqa: F401
@@ -51,5 +51,9 @@ def int_mm_forward(a, b):
 
 
 def linear_forward(x, weight, sw, bias, activation, bits):
+    M, K = x.shape
+    N = weight.shape[0]
+    if M and N and dispatch.use_vendor("linear_w8a8" if bits == 8 else "linear_a16w8", x.dtype, M, N, K):
+        return dispatch.int8_linear(x, weight, sw, bias, activation, bits)
     y = new_output((x.shape[0], weight.shape[0]), x.dtype, x.device)
     return _run(x, cpu.DTYPE_CODE[x.dtype], bits, weight, sw, bias, activation, y, cpu.DTYPE_CODE[x.dtype])

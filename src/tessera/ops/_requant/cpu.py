@@ -87,6 +87,9 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
     out = new_output((Nb * Ho * Wo, O), out_dtype, x.device)
     if out.numel() == 0:
         return out
+    if Cg == 1 and groups == O and groups > 1:
+        return _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding,
+                          out, stride, padding, dilation, Ho, Wo)
     # channels-last x (unit channel stride): each tap is Cg contiguous channels, gathered with one
     # memcpy, in (ky, kx, c) column order -- the weight is permuted to match (O * K bytes, small)
     order = int(Cg > 1)
@@ -107,3 +110,25 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
         requant_into(acc, multiplier[o0:o1] if per_ch else multiplier, shift[o0:o1] if per_ch else shift,
                      off[o0:o1], out_zero_point, qmin, qmax, rounding, out[:, o0:o1])
     return out
+
+
+def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out,
+               stride, padding, dilation, Ho, Wo):
+    """Depthwise conv (one input channel and one output a group): tsr_dw_acc's direct tap loop, not a
+    GEMM per group (thousands of tiny calls in MobileNetV2), then the same requantization."""
+    Nb, C, H, W = x.shape
+    kh, kw = weight.shape[2:]
+    if x.stride(1) != 1 and C > 1:   # channels-last makes the channel loop unit-stride (vectorised)
+        xc = new_output((Nb, H, W, C), x.dtype, x.device)
+        xc.copy_(x.permute(0, 2, 3, 1))
+        x = xc.permute(0, 3, 1, 2)
+    w2 = weight.reshape(C, kh * kw)
+    wt = contiguous(w2.t().to(torch.int32))          # taps-major [kh*kw, C]
+    acc64 = x.dtype == torch.int16
+    acc = new_output((Nb * Ho * Wo, C), torch.int64 if acc64 else torch.int32, x.device)
+    f = cpu.declare(_lib(), "tsr_dw_acc", "pi" + "l" * 8 + "p" + "l" * 11 + "pii")
+    rc = f(cpu.ptr(x), x.element_size(), Nb, C, H, W, *x.stride(), cpu.ptr(wt), kh, kw, *stride, *padding,
+           *dilation, Ho, Wo, x_zero_point, cpu.ptr(acc), int(acc64), cpu.threads_for(acc.numel() * kh * kw))
+    cpu.check_rc(rc, "conv2d_int8 depthwise")
+    return requant_into(acc, multiplier, shift, offset(contiguous(w2), bias, x_zero_point), out_zero_point, qmin,
+                        qmax, rounding, out)

@@ -175,3 +175,47 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
     }
     return TSR_OK;
 }
+
+/* Depthwise (one input channel a group, one output per group) integer accumulator, no im2col:
+ *   acc[(n, oy, ox), c] = sum_{ky, kx} xv * wt[ky * kw + kx, c],   xv = x[n, c, iy, ix] or x_zp
+ * (a padding tap holds x_zp, as in tsr_im2col, so tsr_rq_offset's correction cancels it exactly).
+ * wt is the weight widened to int32 and transposed to taps-major [kh*kw, C], so the loop over c is
+ * unit-stride in wt, acc and -- for a channels-last x (sc == 1) -- in x: it vectorises.  int8 x:
+ * int32 sums (exact: |sum| <= kh*kw * 2^15); int16 x: int64 sums (CMSIS-NN's s16 path). */
+#define DW_ROW(AT, XT)                                                                                  \
+    do {                                                                                                \
+        AT *a = (AT *)acc + r * C;                                                                      \
+        for (int64_t c = 0; c < C; c++) a[c] = 0;                                                       \
+        for (int64_t ky = 0; ky < kh; ky++) {                                                           \
+            const int64_t iy = oy * st_h - pd_h + ky * dl_h;                                            \
+            for (int64_t kx = 0; kx < kw; kx++) {                                                       \
+                const int64_t ix = ox * st_w - pd_w + kx * dl_w;                                        \
+                const int32_t *w = wt + (ky * kw + kx) * C;                                             \
+                if (iy >= 0 && iy < H && ix >= 0 && ix < W) {                                           \
+                    const XT *xp = (const XT *)x + n * sn + iy * sh + ix * sw;                           \
+                    if (sc == 1)                                                                        \
+                        for (int64_t c = 0; c < C; c++) a[c] += (AT)xp[c] * (AT)w[c];                   \
+                    else                                                                                \
+                        for (int64_t c = 0; c < C; c++) a[c] += (AT)xp[c * sc] * (AT)w[c];              \
+                } else {                                                                                \
+                    for (int64_t c = 0; c < C; c++) a[c] += (AT)zp * (AT)w[c];                          \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+    } while (0)
+
+int tsr_dw_acc(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t W, int64_t sn, int64_t sc,
+               int64_t sh, int64_t sw, const int32_t *wt, int64_t kh, int64_t kw, int64_t st_h, int64_t st_w,
+               int64_t pd_h, int64_t pd_w, int64_t dl_h, int64_t dl_w, int64_t Ho, int64_t Wo, int64_t zp,
+               void *acc, int acc64, int nthreads) {
+    if ((es != 1 && es != 2) || (es == 2) != (acc64 != 0)) return TSR_EINVAL;
+    const int64_t rows = Nb * Ho * Wo;
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = r / (Ho * Wo), oy = (r / Wo) % Ho, ox = r % Wo;
+        if (es == 1) DW_ROW(int32_t, int8_t);
+        else DW_ROW(int64_t, int16_t);
+    }
+    return TSR_OK;
+}
+#undef DW_ROW

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ... import _library
+from ... import _library, dispatch
 from ..._library import as_fp32_param, new_output
 from ...backends import cpu
 
@@ -140,10 +140,13 @@ def forward(x, weight, bias, stride, pads, dilation, groups, activation):
     N = x.shape[0]
     cout, cing, KH, KW = weight.shape
     OH, OW = _out_hw(x, weight, stride, pads, dilation)
+    dwk = _is_dw(weight, groups)
+    if N and dispatch.use_vendor("conv2d_dw" if dwk else "conv2d", x.dtype, N * OH * OW, cout, cing * KH * KW):
+        return dispatch.conv2d(x, weight, bias, stride, pads, dilation, groups, activation,
+                               lambda s: _out(x, *s))
     out = _out(x, N, cout, OH, OW)
     if N == 0:
         return out
-    dwk = _is_dw(weight, groups)
     # the depthwise kernel pads virtually (reads x in place when it is fp32 channels-last)
     xp = _padded_input(x, (0, 0, 0, 0) if dwk else pads)
     wp, cop = _packed_weight(weight, groups)

@@ -84,7 +84,8 @@ SPEC = register_op(OpSpec(
     name=OP, fn=gelu, ref=gelu_ref, eager=gelu_eager,
     kernels={"reference": "tessera.ops.gelu.ref", "cpu": "tessera.ops.gelu.cpu",
              "triton": "tessera.ops.gelu.triton",
-             "opencl": "tessera.ops.gelu.opencl"},
+             "opencl": "tessera.ops.gelu.opencl",
+             "cpu:aarch64": "tessera.ops.gelu.cross", "cpu:riscv64": "tessera.ops.gelu.cross"},
     cases=ew.unary_cases(_VARIANTS), grad_inputs=("x",),
     bytes_fwd=ew.unary_bytes_fwd, bytes_bwd=ew.unary_bytes_bwd,
     flops_fwd=lambda kw: 8 * kw["x"].numel(),   # exp + a short polynomial / cubic per element

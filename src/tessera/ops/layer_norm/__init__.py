@@ -185,7 +185,8 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=layer_norm, ref=layer_norm_ref, eager=layer_norm_eager,
     kernels={"reference": "tessera.ops.layer_norm.ref", "cpu": "tessera.ops.layer_norm.cpu",
-             "triton": "tessera.ops.layer_norm.triton", "opencl": "tessera.ops.layer_norm.opencl"},
+             "triton": "tessera.ops.layer_norm.triton", "opencl": "tessera.ops.layer_norm.opencl",
+             "cpu:aarch64": "tessera.ops.layer_norm.cross", "cpu:riscv64": "tessera.ops.layer_norm.cross"},
     cases=_cases(), grad_inputs=("x", "weight", "bias", "residual"),
     bytes_fwd=norm_bytes_fwd, bytes_bwd=norm_bytes_bwd,
     flops_fwd=lambda kw: 6 * kw["x"].numel(),

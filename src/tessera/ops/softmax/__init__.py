@@ -204,7 +204,8 @@ def _bench_cases():
 SPEC = register_op(OpSpec(
     name=OP, fn=softmax, ref=softmax_ref, eager=softmax_eager,
     kernels={"reference": "tessera.ops.softmax.ref", "cpu": "tessera.ops.softmax.cpu",
-             "triton": "tessera.ops.softmax.triton", "opencl": "tessera.ops.softmax.opencl"},
+             "triton": "tessera.ops.softmax.triton", "opencl": "tessera.ops.softmax.opencl",
+             "cpu:aarch64": "tessera.ops.softmax.cross", "cpu:riscv64": "tessera.ops.softmax.cross"},
     cases=_cases(), grad_inputs=("x",),
     bytes_fwd=lambda kw: _nbytes(kw, 2),   # read x, write y
     bytes_bwd=lambda kw: _nbytes(kw, 3),   # read dy, y, write dx

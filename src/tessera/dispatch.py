@@ -1,0 +1,481 @@
+"""Kernel-or-vendor dispatch of the cpu backend's quantized linears and conv2d (issue #17 item 4).
+
+Each cpu launch of ``linear_w4a16``, ``linear_w4a8``, ``linear_w8a8``, ``linear_a16w8`` and
+``conv2d`` chooses between tessera's own kernel and the *vendor route*, the same result computed
+by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch runs on a GPU):
+
+* ``linear_w4a16``: the weight dequantized with the op's own ``dequantize_weight`` to x.dtype,
+  once per weight tensor (cached, see below), then ``F.linear``; bias and activation in fp32.
+* ``linear_w8a8``: x quantized per token by ``contract.quantize_rows`` (the integer contract the
+  kernels fuse), ``torch._int_mm`` (exact int32), then the kernel's fp32 epilogue
+  ``act(fp32(acc) * (sx * sw) + bias)``.  ``linear_a16w8``: the same with int16 activations and an
+  exact float64 product (``|acc| <= K * 2^22 < 2^53``; torch has no int16 GEMM).
+* ``linear_w4a8``: x quantized per token to int8, the per-group integer sums
+  ``acc_g = qx_g @ (q - z)_g`` as one batched fp32 GEMM over the groups (exact: every partial sum
+  is an integer of magnitude <= 128 * 127 * 15 < 2^24), then ``sx * sum_g acc_g * s_g``.
+* ``conv2d`` (forward): ``F.conv2d`` (asymmetric pads via ``F.pad``) and the activation, the
+  result in the kernel's memory format.  The backward always runs tessera's kernels.
+
+The integer recipes keep the integer contract on both routes: the quantized activations and the
+integer accumulators are bit-identical, only the float epilogue may round differently (within the
+op's tolerance; ``tests/test_dispatch.py``).  The choice is made inside the cpu backend's launcher,
+so the custom ops, their fake kernels, opcheck, ``torch.compile`` and export see no change.
+
+Mode: ``TESSERA_DISPATCH`` = ``kernel`` | ``vendor`` | ``auto`` (unset or empty: ``auto``), read at
+each launch through ``tessera._env``; any other value raises ``ValueError`` naming the variable.
+
+The ``auto`` rule (cheap per call, deterministic within a process): a launch takes the vendor route
+when its GEMM rows ``M`` (a linear's tokens; conv2d's ``N * OH * OW`` output pixels) reach the
+threshold of its ``(op, dtype)``, its ``N * K`` (output features times reduction length) is at
+least ``LINEAR_NK_MIN`` (dense conv: ``CONV_NK_MIN``; depthwise: no floor), ``M >= MIN_M`` = 16
+(decode calls, M = 1, always run the kernel) and, for the int4 linears, the dequantized weight is
+cached or fits the cache budget (an uncached dequantization costs more than any GEMM it could
+save: about 100 ms for a 2048 x 2048 weight on the 2-core dev VM).  A threshold of ``None``
+means "the kernel always wins here".
+
+The thresholds come from a calibration measured on the machine: ``python -m tessera.dispatch
+--calibrate`` times both routes interleaved (best of several rounds, so other processes' load
+inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: 3x3, 64 -> 64 channels at 28x28,
+batch 1..8, and a depthwise 3x3) and stores, per (op, dtype), the smallest M from which the vendor
+route beats the kernel by at least 5 % at every larger measured M.  The result is cached on disk
+as ``$TESSERA_CACHE_DIR/dispatch-<machine>.json`` (``tessera._jit.cache_dir``; written under an
+exclusive ``fcntl`` lock with an atomic rename; the key hashes the CPU model, the thread count and
+torch's version), read once per process.  Without a calibration file the built-in ``DEFAULTS``
+apply: the calibration of the dev VM (AMD EPYC, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch
+2.13), with the figures in ``benchmarks/results/2026-12-04-cpu-dispatch/``:
+
+* W4A16 bf16: vendor from M = 32 (oneDNN's AVX512-BF16 GEMM beats the fp32-FMA int4 kernel by
+  ~1.1x at M = 32 and 2-3x from M = 64; the kernel wins at M = 16 and at decode, where it reads
+  4x fewer weight bytes);
+* W4A16 fp32: the kernel (ahead below M = 512, level with oneDNN's fp32 GEMM at 512); fp16: the
+  kernel (torch's CPU fp16 GEMM is slower);
+* W8A8, W4A8, A16W8: the kernel -- the exact vendor routes (``torch._int_mm``; W4A8's batched
+  per-group GEMM; A16W8's float64 product) are all slower than the VNNI kernels, W8A8's by
+  ~1.2-2.5x, W4A8's by 5-14x, A16W8's by 3x or more;
+* conv2d dense: vendor from 3136 output pixels in fp32 (batch 4 of 28 x 28: ~1.1x) and from 784
+  in bf16 (oneDNN's bf16 conv ~2x the fp32-accumulating kernel); depthwise: from 3136 (fp32) /
+  1568 (bf16) pixels; fp16: the kernel (``F.conv2d`` in fp16 is several times slower here).
+  The ``CONV_NK_MIN`` floor keeps few-channel stems (a 3-channel 7x7 conv: the kernel is ~1.8x
+  ahead) on the kernel.
+
+Dequantized-weight cache: the int4 routes keep one dequantized copy per weight tensor (like
+conv2d's packed weights: valid while the tensor lives and its version counter, address and
+strides are unchanged, and so are the scale and zero tensors), up to ``CACHE_BYTES`` in all
+(default 2 GiB); weights past the budget are not cached, and ``auto`` then keeps them on the
+kernel, as it does a weight rebuilt more than ``MAX_REBUILDS`` times (a caller handing in new
+scale tensors on every call).  Inference-mode weights and fenced test
+runs are never cached.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from . import _env
+
+ENV = "TESSERA_DISPATCH"
+MODES = ("kernel", "vendor", "auto")
+MIN_M = 16                       # auto never takes the vendor route below this many rows
+CACHE_BYTES = 2 << 30            # budget of the dequantized-weight cache
+LINEAR_NK_MIN = 1 << 18          # N * K of a linear below which auto keeps the kernel
+CONV_NK_MIN = 1 << 14            # C_out * C_in/g * KH * KW of a dense conv below which auto keeps the kernel
+MARGIN = 0.05                    # calibration: the vendor route must win by this fraction
+
+# (op, dtype name) -> smallest M taking the vendor route under auto, or None (always the kernel).
+# op "conv2d" is a dense conv, "conv2d_dw" a depthwise one.  Measured on the dev VM (module docstring).
+DEFAULTS: dict[str, int | None] = {
+    "linear_w4a16:float32": None, "linear_w4a16:bfloat16": 32, "linear_w4a16:float16": None,
+    "linear_w4a8:float32": None, "linear_w4a8:bfloat16": None, "linear_w4a8:float16": None,
+    "linear_w8a8:float32": None, "linear_w8a8:bfloat16": None, "linear_w8a8:float16": None,
+    "linear_a16w8:float32": None, "linear_a16w8:bfloat16": None, "linear_a16w8:float16": None,
+    "conv2d:float32": 3136, "conv2d:bfloat16": 784, "conv2d:float16": None,
+    "conv2d_dw:float32": 3136, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
+}
+_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+counts: dict[tuple[str, str], int] = {}  # (op, "kernel" | "vendor") -> launches in this process
+
+
+def mode() -> str:
+    """The ``TESSERA_DISPATCH`` mode of this launch (read now): 'kernel', 'vendor' or 'auto'."""
+    m = _env.get(ENV, "")
+    if not m:
+        return "auto"
+    if m not in MODES:
+        raise ValueError(f"{ENV}={m!r} is not a dispatch mode: expected 'kernel', 'vendor' or 'auto' "
+                         f"(unset means 'auto')")
+    return m
+
+
+@contextlib.contextmanager
+def forced(m: str):
+    """Run the block with ``TESSERA_DISPATCH=m`` (benchmarks, calibration)."""
+    old = os.environ.get(ENV)
+    os.environ[ENV] = m
+    try:
+        mode()
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+# ---------------------------------------------------------------- the rule
+
+def machine_key() -> str:
+    """What a calibration depends on: CPU model, threads, torch version."""
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    raw = f"{model}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{platform.machine()}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def calibration_path():
+    from ._jit import cache_dir
+    return cache_dir() / f"dispatch-{machine_key()}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def thresholds() -> dict:
+    """The auto rule's thresholds of this process: the machine's calibration file when there is
+    one, else ``DEFAULTS`` (read once: the rule stays fixed while the process runs)."""
+    rules = dict(DEFAULTS)
+    try:
+        data = json.loads(calibration_path().read_text())
+        rules.update({k: v for k, v in data.get("thresholds", {}).items() if k in DEFAULTS})
+    except (OSError, ValueError, AttributeError):
+        pass
+    return rules
+
+
+def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) -> str:
+    """'kernel' or 'vendor' for one launch: the forced mode, or the auto rule (module docstring).
+    ``cache_ok``: None, or a no-argument callable saying whether the vendor route would find (or
+    may store) its dequantized weight, asked last (decode calls never pay for it)."""
+    m = mode()
+    if m != "auto":
+        return m
+    if M < MIN_M:
+        return "kernel"
+    thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
+    nk_min = CONV_NK_MIN if op == "conv2d" else 0 if op == "conv2d_dw" else LINEAR_NK_MIN
+    if thr is None or M < thr or N * K < nk_min:
+        return "kernel"
+    return "vendor" if cache_ok is None or cache_ok() else "kernel"
+
+
+def use_vendor(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) -> bool:
+    """:func:`route` == 'vendor', counted in ``counts``."""
+    if M < MIN_M and _env.get(ENV, "") in ("", "auto"):  # decode under auto: the cheapest path
+        key = (op, "kernel")
+        counts[key] = counts.get(key, 0) + 1
+        return False
+    r = route(op, dtype, M, N, K, cache_ok)
+    key = (op, r)
+    counts[key] = counts.get(key, 0) + 1
+    return r == "vendor"
+
+
+# ---------------------------------------------------------------- dequantized-weight cache
+
+_CACHE: dict = {}   # (kind, id(weight), dtype) -> (weakrefs, stamp, tensor, nbytes)
+_USED = [0]
+_REBUILDS: dict = {}  # (kind, id(weight), dtype) -> times rebuilt for a live weight
+MAX_REBUILDS = 2      # past this, auto keeps that weight on the kernel (its scales change every call)
+
+
+def _stamp(*ts):
+    return tuple((None if t is None else (t._version, t.data_ptr(), t.stride(), tuple(t.shape))) for t in ts)
+
+
+def _refs(*ts):
+    return tuple(None if t is None else weakref.ref(t) for t in ts)
+
+
+def _same(refs, ts):
+    return all((r is None and t is None) or (r is not None and r() is t) for r, t in zip(refs, ts))
+
+
+def _cacheable(weight) -> bool:
+    from . import _library
+    return _library._PLACE[0] is None and not weight.is_inference()
+
+
+def _drop(key):
+    ent = _CACHE.pop(key, None)
+    if ent is not None:
+        _USED[0] -= ent[3]
+
+
+def _forget(key):
+    _drop(key)
+    _REBUILDS.pop(key, None)
+
+
+def cache_ok(kind: str, weight, dtype, nbytes: int) -> bool:
+    """Would the vendor route of this weight find its dequantized copy cached, or may it store one?
+    (Not when its scales or zeros came as new tensors on every call: each would rebuild it.)"""
+    if not _cacheable(weight):
+        return False
+    key = (kind, id(weight), dtype)
+    if _REBUILDS.get(key, 0) > MAX_REBUILDS:
+        return False
+    return key in _CACHE or _USED[0] + nbytes <= CACHE_BYTES
+
+
+def cached(kind: str, weight, dtype, build, others=()):
+    """``build()`` memoised per (kind, weight tensor, dtype) while the weight and ``others``
+    (scales, zeros) are the same tensors, unchanged (version counter, address, strides); stored
+    only within ``CACHE_BYTES``."""
+    if not _cacheable(weight) or any(o is not None and o.is_inference() for o in others):
+        return build()
+    key = (kind, id(weight), dtype)
+    ts = (weight, *others)
+    stamp = _stamp(*ts)
+    ent = _CACHE.get(key)
+    if ent is not None:
+        if _same(ent[0], ts) and ent[1] == stamp:
+            return ent[2]
+        if ent[0][0]() is weight:
+            _REBUILDS[key] = _REBUILDS.get(key, 0) + 1
+    _drop(key)
+    out = build()
+    nbytes = out.numel() * out.element_size()
+    if _USED[0] + nbytes <= CACHE_BYTES:
+        refs = (weakref.ref(weight, lambda _r, k=key: _forget(k)),) + _refs(*others)
+        _CACHE[key] = (refs, stamp, out, nbytes)
+        _USED[0] += nbytes
+    return out
+
+
+def clear_cache() -> None:
+    for key in list(_CACHE):
+        _drop(key)
+    _REBUILDS.clear()
+
+
+# ---------------------------------------------------------------- vendor routes
+
+def _epilogue(y, bias, activation, dtype):
+    """act(y + bias) in fp32 (the kernels' epilogue), rounded once to dtype."""
+    from .ops._qlinear_int8.ref import activate
+    if bias is None and activation is None:
+        return y.to(dtype)
+    y = y.float()
+    if bias is not None:
+        y = y + bias.float()
+    return activate(y, activation).to(dtype)
+
+
+def int4_bytes(weight, dtype) -> int:
+    return weight.shape[0] * weight.shape[1] * 2 * torch.empty((), dtype=dtype).element_size()
+
+
+def w4a16(x, weight, weight_scale, weight_zero, group_size, bias, activation):
+    """x [M, K] row view -> y [M, N] in x.dtype: F.linear with the cached dequantized weight."""
+    from .ops._qlinear_int4 import dequantize_weight
+    w = cached("w4a16", weight, x.dtype,
+               lambda: dequantize_weight(weight, weight_scale, weight_zero, group_size, x.dtype),
+               (weight_scale, weight_zero))
+    return _epilogue(F.linear(x, w), bias, activation, x.dtype)
+
+
+def w4a8(x, weight, weight_scale, weight_zero, group_size, bias, activation):
+    """Exact per-group int8 x int4 sums as a batched fp32 GEMM, then ``sx * sum_g acc_g * s_g``."""
+    from .ops._qlinear_int4 import unpack_int4
+    from .quant import contract
+    M, K = x.shape
+    N, G, g = weight.shape[0], K // group_size, group_size
+
+    def build():  # (q - z) as fp32 [G, g, N]: exact small integers
+        q = unpack_int4(weight).float()
+        z = 8.0 if weight_zero is None else weight_zero.float().repeat_interleave(g, 1)
+        return (q - z).reshape(N, G, g).permute(1, 2, 0).contiguous()
+
+    wz = cached("w4a8", weight, torch.float32, build, (weight_zero,))
+    qx, sx = contract.quantize_rows(x, torch.int8)
+    st = weight_scale.float().t()[:, None, :]                         # [G, 1, N]
+    y = torch.empty(M, N, dtype=torch.float32)
+    step = max(1, (16 << 20) // max(1, G * N))                        # <= 64 MiB of accumulators
+    for m0 in range(0, M, step):
+        q = qx[m0:m0 + step].float()
+        acc = torch.bmm(q.reshape(-1, G, g).transpose(0, 1), wz)      # [G, m, N], exact integers
+        y[m0:m0 + step] = (acc * st).sum(0) * sx[m0:m0 + step, None]
+    return _epilogue(y, bias, activation, x.dtype)
+
+
+def int8_linear(x, weight, sw, bias, activation, bits):
+    """W8A8 (bits 8: torch._int_mm) / A16W8 (bits 16: exact float64 product), fp32 epilogue
+    ``act(fp32(acc) * (sx * sw) + bias)`` as the kernels."""
+    from .quant import contract
+    from .ops._qlinear_int8.ref import QTYPE, activate
+    qx, sx = contract.quantize_rows(x, QTYPE[bits])
+    if bits == 8:
+        acc = torch._int_mm(qx, weight.t()).float()
+    else:
+        acc = (qx.double() @ weight.double().t()).float()
+    y = acc * (sx[:, None] * sw.float()[None, :])
+    if bias is not None:
+        y = y + bias.float()
+    return activate(y, activation).to(x.dtype)
+
+
+def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like):
+    """F.conv2d + activation (in fp32, rounded once); returned in the layout of ``out_like(shape)``
+    (the kernel's)."""
+    from .ops.conv2d.ref import act_fwd
+    t, b, l, r = pads
+    if t == b and l == r:
+        y = F.conv2d(x, weight, bias, stride, (t, l), dilation, groups)
+    else:
+        y = F.conv2d(F.pad(x, (l, r, t, b)), weight, bias, stride, 0, dilation, groups)
+    if activation is not None:
+        y = act_fwd(y.float(), activation).to(x.dtype)
+    out = out_like(tuple(y.shape))
+    if y.stride() == out.stride():
+        return y
+    out.copy_(y)
+    return out
+
+
+# ---------------------------------------------------------------- calibration
+
+def _best(fn, rounds):
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _time_pair(call, rounds=5):
+    """(kernel s, vendor s): best of ``rounds`` interleaved rounds of each route."""
+    k = v = float("inf")
+    for _ in range(rounds):
+        with forced("kernel"):
+            k = min(k, _best(call, 1))
+        with forced("vendor"):
+            v = min(v, _best(call, 1))
+    return k, v
+
+
+def _linear_calls(op, dtype, M, N, K, gen):
+    import tessera
+    from .ops._qlinear_int4 import quantize_weight
+    from .quant import contract
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    w = torch.randn(N, K, generator=gen)
+    if op in ("linear_w4a16", "linear_w4a8"):
+        qw, s, _ = quantize_weight(w, 128, False)
+        fn = getattr(tessera, op)
+        return lambda: fn(x, qw, s, None, 128)
+    q, s = contract.quantize_rows(w, torch.int8)
+    fn = getattr(tessera, op)
+    return lambda: fn(x, q, s)
+
+
+def _conv_call(dtype, batch, depthwise, gen):
+    import tessera
+    C = 144 if depthwise else 64
+    x = torch.randn(batch, C, 28, 28, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(C, 1 if depthwise else C, 3, 3, generator=gen) * 0.1).to(dtype)
+    g = C if depthwise else 1
+    return lambda: tessera.conv2d(x, w, None, padding=1, groups=g)
+
+
+def _threshold(points):
+    """points [(M, kernel s, vendor s)] ascending M -> smallest M from which vendor wins by MARGIN."""
+    thr = None
+    for M, k, v in reversed(points):
+        if v < (1 - MARGIN) * k:
+            thr = M
+        else:
+            break
+    return thr
+
+
+def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.float32, torch.bfloat16),
+              ops=("linear_w4a16", "linear_w4a8", "linear_w8a8", "linear_a16w8", "conv2d", "conv2d_dw"),
+              rounds=5, write=True, log=print) -> dict:
+    """Measure both routes on this machine and (``write``) store the thresholds (module docstring).
+    Returns {"thresholds": {...}, "points": {key: [[M, kernel_ms, vendor_ms], ...]}}."""
+    gen = torch.Generator().manual_seed(0)
+    found, points = {}, {}
+    for op in ops:
+        for dt in dtypes:
+            key = f"{op}:{_DT[dt]}"
+            pts = []
+            if op.startswith("conv2d"):
+                for batch in (1, 2, 4, 8):
+                    kt, vt = _time_pair(_conv_call(dt, batch, op == "conv2d_dw", gen), rounds)
+                    pts.append((batch * 28 * 28, kt, vt))
+            else:
+                for M in ms:
+                    kt, vt = _time_pair(_linear_calls(op, dt, M, n, k, gen), rounds)
+                    pts.append((M, kt, vt))
+            found[key] = _threshold(pts)
+            points[key] = [[M, round(kt * 1e3, 3), round(vt * 1e3, 3)] for M, kt, vt in pts]
+            if log:
+                log(f"{key:24s} threshold {found[key]}  " +
+                    "  ".join(f"M={M}: {a:.2f}/{b:.2f} ms" for M, a, b in points[key]))
+    result = {"machine": machine_key(), "thresholds": found, "points": points,
+              "shape": {"n": n, "k": k}, "torch": torch.__version__}
+    if write:
+        _write(result)
+        thresholds.cache_clear()
+    return result
+
+
+def _write(result) -> None:
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        try:
+            fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump(result, f, indent=1)
+            os.replace(tmp, path)  # atomic: readers never see a partial file
+        finally:
+            fcntl.flock(lockf, fcntl.LOCK_UN)
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m tessera.dispatch", description=__doc__.splitlines()[0])
+    p.add_argument("--calibrate", action="store_true", help="measure this machine and store the thresholds")
+    p.add_argument("--n", type=int, default=2048)
+    p.add_argument("--k", type=int, default=2048)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args(argv)
+    if a.calibrate:
+        calibrate(n=a.n, k=a.k, rounds=a.rounds)
+        print(f"written {calibration_path()}")
+    else:
+        print(f"mode {mode()}; thresholds ({'calibrated' if calibration_path().exists() else 'defaults'}):")
+        for key, v in thresholds().items():
+            print(f"  {key:24s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

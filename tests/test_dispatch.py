@@ -1,0 +1,210 @@
+"""Kernel-or-vendor dispatch of the cpu backend (``tessera.dispatch``, ``TESSERA_DISPATCH``).
+
+* forced ``kernel`` and forced ``vendor`` both match the float64 reference within the op's
+  tolerance, for every quantized linear (odd M in 1, 7, 123; K a multiple of the group) and conv2d;
+* the integer recipes keep the integer contract on the vendor route: on inputs whose float
+  epilogue is exact (integer activations whose token scale is 1, power-of-two weight scales) the
+  two routes are bit-identical, so the quantized activations and integer sums agree exactly;
+* the dequantized-weight cache follows in-place updates of the weight's scales;
+* bad ``TESSERA_DISPATCH`` values raise a ValueError naming the variable; ``auto`` picks a
+  valid route and never the vendor route for decode (M = 1).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tessera
+from tessera import dispatch
+from tessera.ops._qlinear_int4 import quantize_weight
+from tessera.quant import contract
+from tessera.testing.tolerance import compare
+
+INT4 = ("linear_w4a16", "linear_w4a8")
+INT8 = ("linear_w8a8", "linear_a16w8")
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _kwargs(op, M, K, N, dtype, gen, bias=False, act=None, zp=False):
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    w = torch.randn(N, K, generator=gen)
+    if op in INT4:
+        q, s, z = quantize_weight(w, 64, zp)
+        kw = {"x": x, "weight": q, "weight_scale": s, "weight_zero": z, "group_size": 64}
+    else:
+        q, s = contract.quantize_rows(w * 0.05, torch.int8)
+        kw = {"x": x, "weight": q, "weight_scale": s}
+    kw["bias"] = torch.randn(N, generator=gen).to(dtype) if bias else None
+    kw["activation"] = act
+    return kw
+
+
+def _run(op, kw, mode, monkeypatch):
+    monkeypatch.setenv("TESSERA_DISPATCH", mode)
+    before = dispatch.counts.get((op, mode), 0)
+    y = getattr(tessera, op)(**kw, backend="cpu")
+    assert dispatch.counts.get((op, mode), 0) == before + 1, f"{op} did not take the {mode} route"
+    return y
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M", (1, 7, 123))
+@pytest.mark.parametrize("op", INT4 + INT8)
+def test_both_routes_match_the_reference(op, M, dtype, monkeypatch):
+    spec = tessera.OPS[op]
+    gen = torch.Generator().manual_seed(M)
+    kw = _kwargs(op, M, 256, 37, dtype, gen, bias=True, act="silu", zp=(M == 7))
+    ref = spec.ref(**kw)
+    eager = spec.eager(**kw)
+    for mode in ("kernel", "vendor"):
+        y = _run(op, kw, mode, monkeypatch)
+        v = compare(y, ref, eager, dtype, tol=spec.fp32_tol.get(0))
+        assert v.ok, f"{op} {mode} {dtype} M={M}: {v.message}"
+
+
+def _exact_int8_inputs(bits, M, K, N, gen):
+    """Integer x whose every row holds +-QMAX (token scale exactly 1, qx = x) and power-of-two
+    weight scales: the fp32 epilogue fp32(acc) * (1 * sw) then rounds only in fp32(acc)."""
+    qmax = 127 if bits == 8 else 32767
+    x = torch.randint(-qmax, qmax + 1, (M, K), generator=gen).float()
+    x[:, 0] = qmax
+    w = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8)
+    sw = 2.0 ** torch.randint(-8, 0, (N,), generator=gen).float()
+    return {"x": x, "weight": w, "weight_scale": sw, "bias": None, "activation": None}
+
+
+@pytest.mark.parametrize("M", (1, 7, 123))
+@pytest.mark.parametrize("op", INT8)
+def test_int8_recipes_integer_part_is_exact(op, M, monkeypatch):
+    kw = _exact_int8_inputs(8 if op == "linear_w8a8" else 16, M, 256, 37, torch.Generator().manual_seed(M))
+    k = _run(op, kw, "kernel", monkeypatch)
+    v = _run(op, kw, "vendor", monkeypatch)
+    assert torch.equal(k, v)
+    assert torch.equal(v.double(), tessera.OPS[op].ref(**kw).float().double())
+
+
+@pytest.mark.parametrize("M", (1, 7, 123))
+def test_w4a8_integer_part_is_exact(M, monkeypatch):
+    """Power-of-two group scales small enough that every partial sum of acc_g * s_g is an exact
+    fp32 value (tests/test_qlinear_int4.py's argument): only the final * sx rounds, on both routes."""
+    gen = torch.Generator().manual_seed(M)
+    K, N, g = 256, 37, 64
+    x = torch.randn(M, K, generator=gen)
+    codes = torch.randint(0, 16, (N, K), generator=gen, dtype=torch.uint8)
+    from tessera.ops._qlinear_int4 import pack_int4
+    s = 2.0 ** torch.randint(-6, -2, (N, K // g), generator=gen).float()
+    kw = {"x": x, "weight": pack_int4(codes), "weight_scale": s, "weight_zero": None, "group_size": g,
+          "bias": None, "activation": None}
+    k = _run("linear_w4a8", kw, "kernel", monkeypatch)
+    v = _run("linear_w4a8", kw, "vendor", monkeypatch)
+    assert torch.equal(k, v)
+
+
+def test_w4a16_vendor_cache_follows_scale_updates(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    kw = _kwargs("linear_w4a16", 5, 128, 16, torch.float32, gen)
+    a = _run("linear_w4a16", kw, "vendor", monkeypatch)
+    assert torch.equal(_run("linear_w4a16", kw, "vendor", monkeypatch), a)
+    kw["weight_scale"].mul_(2)  # in place: the version counter changes, the cached copy is rebuilt
+    b = _run("linear_w4a16", kw, "vendor", monkeypatch)
+    torch.testing.assert_close(b, 2 * a)
+    monkeypatch.setattr(dispatch, "CACHE_BYTES", 0)  # past the budget: auto keeps the kernel
+    dispatch.clear_cache()
+    assert not dispatch.cache_ok("w4a16", kw["weight"], torch.float32, 1)
+
+
+CONV = [  # (x shape, weight shape, stride, padding, dilation, groups, activation, channels-last)
+    ((2, 8, 9, 11), (12, 8, 3, 3), 1, 1, 1, 1, "relu", False),
+    ((1, 6, 10, 7), (6, 3, 2, 2), 1, "same", 1, 2, "gelu", True),      # asymmetric pads
+    ((3, 16, 8, 8), (16, 1, 3, 3), 2, 1, 1, 16, "relu6", True),       # depthwise
+    ((1, 4, 13, 12), (5, 4, 3, 1), (2, 1), 0, (1, 2), 1, "silu", False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", range(len(CONV)))
+def test_conv2d_vendor_matches_kernel_and_reference(case, dtype, monkeypatch):
+    xs, ws, s, p, d, g, act, cl = CONV[case]
+    gen = torch.Generator().manual_seed(case)
+    x = torch.randn(*xs, generator=gen).to(dtype)
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(*ws, generator=gen) * 0.3).to(dtype)
+    b = torch.randn(ws[0], generator=gen).to(dtype)
+    spec = tessera.OPS["conv2d"]
+    kw = dict(x=x, weight=w, bias=b, stride=s, padding=p, dilation=d, groups=g, activation=act)
+    ref, eager = spec.ref(**kw), spec.eager(**kw)
+    outs = {}
+    for mode in ("kernel", "vendor"):
+        monkeypatch.setenv("TESSERA_DISPATCH", mode)
+        outs[mode] = y = tessera.conv2d(**kw, backend="cpu")
+        v = compare(y, ref, eager, dtype, tol=spec.fp32_tol.get(0))
+        assert v.ok, f"conv2d {mode} {dtype}: {v.message}"
+    assert outs["vendor"].stride() == outs["kernel"].stride()  # same memory format either way
+
+
+@pytest.mark.parametrize("bad", ("fast", "KERNEL", "1"))
+def test_bad_mode_names_the_variable(bad, monkeypatch):
+    monkeypatch.setenv("TESSERA_DISPATCH", bad)
+    with pytest.raises(ValueError, match="TESSERA_DISPATCH"):
+        dispatch.mode()
+    kw = _kwargs("linear_w8a8", 3, 64, 8, torch.float32, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="TESSERA_DISPATCH"):
+        tessera.linear_w8a8(**kw, backend="cpu")
+
+
+def test_auto_picks_a_valid_route(monkeypatch):
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    assert dispatch.mode() == "auto"
+    for key in dispatch.DEFAULTS:
+        op, dt = key.split(":")
+        dtype = getattr(torch, dt)
+        for M in (1, 16, 128, 512, 4096):
+            r = dispatch.route(op, dtype, M, 2048, 2048)
+            assert r in ("kernel", "vendor")
+            if M < dispatch.MIN_M:
+                assert r == "kernel", f"{key}: auto routed a decode call (M={M}) to the vendor"
+    # even a threshold of 1 keeps decode on the kernel, and a weight that cannot be cached too
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {k: 1 for k in dispatch.DEFAULTS})
+    assert dispatch.route("linear_w4a16", torch.bfloat16, 1, 4096, 4096) == "kernel"
+    assert dispatch.route("linear_w4a16", torch.bfloat16, 512, 4096, 4096) == "vendor"
+    assert dispatch.route("linear_w4a16", torch.bfloat16, 512, 4096, 4096, lambda: False) == "kernel"
+    assert dispatch.route("linear_w4a16", torch.bfloat16, 512, 8, 8) == "kernel"  # tiny N * K
+
+
+def test_auto_runs_and_matches(monkeypatch):
+    """Under auto a prefill-sized bf16 W4A16 call takes whichever route the rule says, correctly."""
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    gen = torch.Generator().manual_seed(1)
+    kw = _kwargs("linear_w4a16", 64, 512, 512, torch.bfloat16, gen)
+    want = dispatch.route("linear_w4a16", torch.bfloat16, 64, 512, 512)
+    before = dispatch.counts.get(("linear_w4a16", want), 0)
+    y = tessera.linear_w4a16(**kw, backend="cpu")
+    assert dispatch.counts.get(("linear_w4a16", want), 0) == before + 1
+    spec = tessera.OPS["linear_w4a16"]
+    assert compare(y, spec.ref(**kw), spec.eager(**kw), torch.bfloat16).ok
+
+
+def test_calibration_file_round_trip(tmp_path, monkeypatch):
+    """A calibration (tiny here) lands in the cache dir and becomes the process's rule."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    dispatch.thresholds.cache_clear()
+    try:
+        res = dispatch.calibrate(ms=(16, 32), n=64, k=128, dtypes=(torch.float32,), ops=("linear_w8a8",),
+                                 rounds=1, log=None)
+        assert dispatch.calibration_path().exists()
+        assert dispatch.thresholds()["linear_w8a8:float32"] == res["thresholds"]["linear_w8a8:float32"]
+    finally:
+        dispatch.thresholds.cache_clear()
+
+
+def test_w4a16_new_scale_tensors_every_call_stop_auto_caching(monkeypatch):
+    """A caller handing in a fresh scale tensor on every call would rebuild the cached weight each
+    time: after MAX_REBUILDS rebuilds auto keeps that weight on the kernel, results stay right."""
+    gen = torch.Generator().manual_seed(4)
+    kw = _kwargs("linear_w4a16", 5, 128, 16, torch.float32, gen)
+    want = _run("linear_w4a16", kw, "kernel", monkeypatch)
+    for _ in range(dispatch.MAX_REBUILDS + 2):
+        y = _run("linear_w4a16", dict(kw, weight_scale=kw["weight_scale"].clone()), "vendor", monkeypatch)
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=2e-4)
+    assert not dispatch.cache_ok("w4a16", kw["weight"], torch.float32, 1)
