@@ -78,6 +78,17 @@ def im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, pad_value, groups=1, or
     return cols
 
 
+def _channels_last(x):
+    """x [N, C, H, W] as a view of channels-last memory (unit channel stride): x itself when it
+    already is (or C == 1), else one transposing copy."""
+    if x.stride(1) == 1 or x.shape[1] <= 1:
+        return x
+    Nb, C, H, W = x.shape
+    xc = new_output((Nb, H, W, C), x.dtype, x.device)
+    xc.copy_(x.permute(0, 2, 3, 1))
+    return xc.permute(0, 3, 1, 2)
+
+
 def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype,
                  stride, padding, dilation, groups, Ho, Wo):
     """x [N, C, H, W] int8/int16 (any strides); weight [O, C/g, kh, kw] int8 contiguous.
@@ -93,12 +104,10 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
     # channels-last x (unit channel stride): each tap is Cg contiguous channels, gathered with one
     # memcpy, in (ky, kx, c) column order -- the weight is permuted to match (O * K bytes, small)
     order = int(Cg > 1)
-    if order and x.stride(1) != 1 and x.shape[1] > 1:
+    if order:
         # NCHW x: one transposing copy to channels-last (N*C*H*W elements, ~1/(kh*kw) of the im2col
         # rows it feeds) buys the memcpy gather; the per-element NCHW gather was ~15x slower
-        xc = new_output((Nb, x.shape[2], x.shape[3], x.shape[1]), x.dtype, x.device)
-        xc.copy_(x.permute(0, 2, 3, 1))
-        x = xc.permute(0, 3, 1, 2)
+        x = _channels_last(x)
     cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
     w2 = (contiguous(weight.permute(0, 2, 3, 1)) if order else weight).reshape(O, Cg * kh * kw)
     off = offset(w2, bias, x_zero_point)
@@ -118,10 +127,7 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
     GEMM per group (thousands of tiny calls in MobileNetV2), then the same requantization."""
     Nb, C, H, W = x.shape
     kh, kw = weight.shape[2:]
-    if x.stride(1) != 1 and C > 1:   # channels-last makes the channel loop unit-stride (vectorised)
-        xc = new_output((Nb, H, W, C), x.dtype, x.device)
-        xc.copy_(x.permute(0, 2, 3, 1))
-        x = xc.permute(0, 3, 1, 2)
+    x = _channels_last(x)   # the channel loop unit-stride (vectorised)
     w2 = weight.reshape(C, kh * kw)
     wt = contiguous(w2.t().to(torch.int32))          # taps-major [kh*kw, C]
     acc64 = x.dtype == torch.int16
