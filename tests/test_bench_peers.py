@@ -6,7 +6,7 @@ import time
 import torch
 
 import tessera
-from tessera.bench import report, runner
+from tessera.bench import report, runner, timing
 
 
 def test_peers_are_timed_and_reported():
@@ -279,12 +279,20 @@ def test_read_rows_rotate_past_the_llc_and_small_rows_say_cache_resident(monkeyp
 
 
 def _ceiling_row(monkeypatch, fast_every: int, fast_s: float):
-    calls = [0]
+    # the probe's duration is virtual: it advances the clock the timer reads instead of sleeping, so
+    # a loaded machine (a sleep that overshoots by milliseconds) cannot move the statistics
+    calls, offset = [0], [0.0]
 
     def probe():
         calls[0] += 1
-        time.sleep(fast_s if calls[0] % fast_every == 0 else 0.008)
+        offset[0] += fast_s if calls[0] % fast_every == 0 else 0.008
 
+    class _Clock:
+        @staticmethod
+        def perf_counter():
+            return time.perf_counter() + offset[0]
+
+    monkeypatch.setattr(timing, "time", _Clock)
     monkeypatch.setattr(runner.roofline, "ceiling_callable",
                         lambda kind, nbytes, device, rotate=1: (probe, 1e9, "NT copy GB/s"))
     silu = tessera.OPS["silu"]
