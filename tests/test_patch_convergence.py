@@ -13,6 +13,13 @@ parameters within atol 1e-3 (AdamW moves each element by up to ~lr per step what
 gradient's size -- it divides by sqrt(v) -- so elements whose gradients are ~0 and differ in
 rounding move differently; 1e-3 is 1 % of the 32 * lr = 0.096 an element can move, and the
 largest difference measured is 7e-5).  ~5 s for both families on the 2-core VM.
+
+bf16 (model and AdamW state in bf16, as a bf16-only run trains): per-step loss atol 1e-2 and
+rtol 1e-2 (the issue asks atol 1e-2, rtol 5e-2; measured on this VM: at most 0.016 absolute and
+0.44 % relative over the 32 steps), the sorted top-5 held-out log-probs within 0.25 (measured
+0.13: one bf16 ulp of a logit near 8 is 0.03, and rounding differences compound over 32 steps;
+the top-5 *indices* are not compared, bf16 logits tie), and the final parameters within 0.05
+(measured 0.026; one bf16 ulp at 1.0 is 0.0078).
 """
 from __future__ import annotations
 
@@ -58,31 +65,39 @@ def train(model) -> list[float]:
     return losses
 
 
+# dtype: (loss rtol, loss atol, held-out log-prob rtol, atol, final-parameter atol)
+RULES = {torch.float32: (2e-5, 0.0, 2e-5, 1e-5, 1e-3), torch.bfloat16: (1e-2, 1e-2, 0.0, 0.25, 5e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_convergence_patched_vs_unpatched(family):
+def test_convergence_patched_vs_unpatched(family, dtype):
     cfg_name, model_name, extra = FAMILIES[family]
     torch.manual_seed(0)
-    plain = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**CONFIG, **extra)).train()
+    plain = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**CONFIG, **extra))
+    plain = plain.train().to(dtype)
     fast = tessera.patch(copy.deepcopy(plain))
     try:
-        _train_and_compare(family, plain, fast)
+        _train_and_compare(family, plain, fast, *RULES[dtype])
     finally:
         tessera.unpatch(fast)
 
 
-def _train_and_compare(family, plain, fast):
+def _train_and_compare(family, plain, fast, loss_rtol, loss_atol, lp_rtol, lp_atol, param_atol):
     assert all(fast._tessera_counts[k] for k in ("rms_norm", "swiglu", "rope", "attention", "loss"))
     ref, got = train(plain), train(fast)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=2e-5, atol=0.0)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=loss_rtol, atol=loss_atol)
     assert ref[-1] < 0.6 * ref[0] and ref[0] > 4.0, f"the loss did not fall: {ref[0]:.3f} -> {ref[-1]:.3f}"
+    assert got[-1] < 0.6 * got[0], f"the patched loss did not fall: {got[0]:.3f} -> {got[-1]:.3f}"
 
     held = synthetic(torch.Generator().manual_seed(99), 4)
     with torch.no_grad():
-        lp_ref = torch.log_softmax(plain.eval()(held).logits, -1).topk(5, dim=-1)
-        lp_got = torch.log_softmax(fast.eval()(held).logits, -1).topk(5, dim=-1)
-    assert torch.equal(lp_got.indices, lp_ref.indices)
-    torch.testing.assert_close(lp_got.values, lp_ref.values, rtol=2e-5, atol=1e-5)
+        lp_ref = torch.log_softmax(plain.eval()(held).logits.float(), -1).topk(5, dim=-1)
+        lp_got = torch.log_softmax(fast.eval()(held).logits.float(), -1).topk(5, dim=-1)
+    if lp_rtol:  # fp32: the same top-5 tokens; bf16 logits tie, so only the values are compared
+        assert torch.equal(lp_got.indices, lp_ref.indices)
+    torch.testing.assert_close(lp_got.values, lp_ref.values, rtol=lp_rtol, atol=lp_atol)
 
     for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
-        err = float((p.detach() - q.detach()).abs().max())
-        assert err <= 1e-3, f"{family} {name}: final parameters differ by {err:.3g}"
+        err = float((p.detach().float() - q.detach().float()).abs().max())
+        assert err <= param_atol, f"{family} {name}: final parameters differ by {err:.3g}"
