@@ -1,8 +1,8 @@
 """The per-call overhead work (issue #16 item 4): the C++ fast path (``tessera/_fastpath.py``,
 ``csrc/fastpath.cpp``) and the ffi launch glue (``tessera/_fastcall.py``, ``csrc/fastcall.c``).
 
-The fast path runs the undecorated body of silu/softmax/layer_norm/rms_norm in C++ for
-contiguous CPU inputs on the cpu backend.  It must give bit-identical results to the Python
+The fast path runs the undecorated body of silu/gelu/swiglu/geglu/softmax/layer_norm/rms_norm
+and int_mm in C++ for contiguous CPU inputs on the cpu backend.  It must give bit-identical results to the Python
 body it stands in for, be taken where it claims to be (a counter in the extension), and hand
 every other case (layouts, backend requests, ISAs, bad arguments, autograd, test hooks) to
 the Python path unchanged.
@@ -59,7 +59,19 @@ def _cases(dtype):
                 (f"rms_norm{shape}", lambda x=x, w=w: tessera.rms_norm(x, w, 1e-6)),
                 (f"rms_norm-fp32w{shape}", lambda x=x, w=w32: tessera.rms_norm(x, w, 0)),
                 (f"rms_norm-now{shape}", lambda x=x: tessera.rms_norm(x, None)),
-                (f"rms_norm-res{shape}", lambda x=x, w=w, r=r: tessera.rms_norm(x, w, 1e-6, residual=r))]
+                (f"rms_norm-res{shape}", lambda x=x, w=w, r=r: tessera.rms_norm(x, w, 1e-6, residual=r)),
+                (f"gelu{shape}", lambda x=x: tessera.gelu(x)),
+                (f"gelu-tanh{shape}", lambda x=x: tessera.gelu(x, "tanh")),
+                (f"swiglu{shape}", lambda x=x, r=r: tessera.swiglu(x, r)),
+                (f"geglu{shape}", lambda x=x, r=r: tessera.geglu(x, r)),
+                (f"geglu-tanh{shape}", lambda x=x, r=r: tessera.geglu(x, r, "tanh"))]
+        if len(shape) == 2:  # int_mm (2-D only; its own dtypes, whatever the float dtype under test)
+            g = torch.Generator().manual_seed(i)
+            a8 = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+            a16 = torch.randint(-32768, 32768, shape, generator=g, dtype=torch.int16)
+            b8 = torch.randint(-128, 128, (5, n), generator=g, dtype=torch.int8)
+            out += [(f"int_mm-int8{shape}", lambda a=a8, b=b8: tessera.int_mm(a, b)),
+                    (f"int_mm-int16{shape}", lambda a=a16, b=b8: tessera.int_mm(a, b))]
     return out
 
 
@@ -112,8 +124,18 @@ def test_other_layouts_and_dims_take_the_python_path(fast):
             (lambda: tessera.softmax(x[:, :7], -1), lambda: torch.softmax(x[:, :7], -1)),
             (lambda: tessera.silu(x.new_empty(0, 3)), lambda: x.new_empty(0, 3)),
             (lambda: tessera.silu(x[0, 0]), lambda: torch.nn.functional.silu(x[0, 0])),  # 0-d
+            (lambda: tessera.swiglu(*x.chunk(2, -1)), lambda: torch.nn.functional.silu(x[:, :20]) * x[:, 20:]),
+            (lambda: tessera.geglu(x, x.t().contiguous().t()),
+             lambda: torch.nn.functional.gelu(x) * x),                                   # up: column-major
+            (lambda: tessera.gelu(x.t(), "tanh"), lambda: torch.nn.functional.gelu(x.t(), approximate="tanh")),
         ]:
-            torch.testing.assert_close(_not_fast(fast, call), ref(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(_not_fast(fast, call), ref(), rtol=1e-5, atol=1e-5)  # gelu: erf to ~2e-6
+        a = torch.randint(-128, 128, (40, 6), dtype=torch.int8)
+        b = torch.randint(-128, 128, (3, 6), dtype=torch.int8)
+        assert torch.equal(_not_fast(fast, lambda: tessera.int_mm(a.t().contiguous().t(), b)),
+                           a.long().mm(b.long().t()).int())                               # a: column-major
+        with pytest.raises(ValueError, match="approximate"):
+            _not_fast(fast, lambda: tessera.gelu(x, "fast"))                              # the body's message
 
 
 def test_parameters_of_any_layout_are_copied_like_python(fast, monkeypatch):

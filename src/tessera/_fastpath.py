@@ -4,12 +4,17 @@ A tiny eager ``tessera.silu`` cost ~14 us where ``F.silu`` costs ~1.2 us (layer_
 ~3 us, softmax ~18 vs ~1.4 us): Python glue, not the kernel.  Trimming the glue (``direct``,
 ``_env``, ``_fastcall``) brings it to ~9 us; no Python path gets near 2x, because one
 ``torch.empty`` alone costs ~1 us from Python.  So for the one case that dominates inference
-(contiguous CPU tensors, the cpu backend picked automatically), ``silu``, ``softmax``,
-``layer_norm`` and ``rms_norm`` run their undecorated body in C++: ATen allocates the outputs
-and the same C kernel entry point is called with the same arguments as the Python launcher.
-Everything else goes to the Python body unchanged (the C++ function calls it), and
-:func:`tessera._library.direct` decides, as before, whether the body may run outside the
-custom op at all, so autograd, compile/export, opcheck and fake tensors never see this.
+(contiguous CPU tensors, the cpu backend picked automatically), ``silu``, ``gelu``,
+``swiglu``, ``geglu``, ``softmax``, ``layer_norm``, ``rms_norm`` and ``int_mm`` run their
+undecorated body in C++: ATen allocates the outputs and the same C kernel entry point is
+called with the same arguments as the Python launcher.  Everything else goes to the Python
+body unchanged (the C++ function calls it), and :func:`tessera._library.direct` decides, as
+before, whether the body may run outside the custom op at all, so autograd, compile/export,
+opcheck and fake tensors never see this.  That decision is made in C++ too once the extension
+has loaded (``gate``: the same queries, ~0.2 us instead of ~0.8 us), and the bodies are plain
+METH_FASTCALL functions (pybind11's argument handling cost ~0.3 us a call).  The third cost
+was the kernels' own: an OpenMP region costs libgomp ~0.55 us even for a team of one, so the
+C kernels enter none below the parallel threshold (``TSR_TEAM`` in ``tessera_cpu.h``).
 
 Built by the JIT on the cpu backend's first launch (``cpu.declare``), cached by source hash,
 flags, compiler, torch version and Python ABI, under the JIT's lock: ~15-30 s once per
@@ -39,6 +44,10 @@ _OPS = {
     "softmax": ("tessera.ops.softmax", "_softmax_impl"),
     "layer_norm": ("tessera.ops.layer_norm", "_layer_norm_impl"),
     "rms_norm": ("tessera.ops.rms_norm", "_rms_norm_impl"),
+    "gelu": ("tessera.ops.gelu", "_gelu_impl"),
+    "swiglu": ("tessera.ops.swiglu", "_swiglu_impl"),
+    "geglu": ("tessera.ops.geglu", "_geglu_impl"),
+    "int_mm": ("tessera.ops.int_mm", "_int_mm_impl"),
 }
 
 
@@ -107,14 +116,17 @@ def _load():
     from . import _registry
     from .backends import cpu
     try:
+        from .ops._qlinear_int8 import MAX_K
         from .ops.softmax import cpu as softmax_cpu
         impls = {op: getattr(importlib.import_module(m), name) for op, (m, name) in _OPS.items()}
     except (ImportError, AttributeError) as e:  # an op's body renamed or moved: say so, run Python
         return None, f"cannot bind the ops' Python bodies: {e}"
-    mod.configure(cpu._best_isa(), cpu.NT_MIN_BYTES, cpu.PARALLEL_MIN_ELEMENTS, int(softmax_cpu.SCRATCH_ELEMS),
-                  _registry._override, impls["silu"], impls["softmax"], impls["layer_norm"], impls["rms_norm"])
+    mod.configure(cpu._best_isa(), cpu.NT_MIN_BYTES, cpu.PARALLEL_MIN_ELEMENTS, int(softmax_cpu.SCRATCH_ELEMS), int(MAX_K),
+                  _registry._override, impls)
     for where, address in list(cpu.entry_points.items()):  # declared before (or while) this loaded
         mod.note(*where, address)
     for op, impl in impls.items():
         _library._FAST[impl] = getattr(mod, op)
+    mod.configure_gate(_library, os, _library._PROCESS_ENVIRON, torch.nn.Parameter)
+    _library._GATE[0] = mod.gate
     return mod, ""

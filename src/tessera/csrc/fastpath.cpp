@@ -21,6 +21,11 @@
 // Glue, not a kernel: the kernels stay framework-free C; this file is what touches torch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/python.h>
 #include <pybind11/pybind11.h>
 
@@ -29,13 +34,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace py = pybind11;
 
 namespace {
 
-enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, NSLOTS };
-const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_norm_fwd", "tsr_rms_norm_fwd"};
+// kernels (C entry points) and the Python bodies they stand in for
+enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, GLU_FWD, QI8_MM, NSLOTS };
+const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_norm_fwd", "tsr_rms_norm_fwd",
+                                  "tsr_glu_fwd", "tsr_qi8_mm"};
+enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, NBODIES };
+enum ActKind { KIND_SILU = 0, KIND_GELU = 1, KIND_GELU_TANH = 2 };  // ops/_elementwise: SILU, GELU, GELU_TANH
 
 struct Kernel {
   void *fn = nullptr;
@@ -47,10 +57,11 @@ std::string g_best_isa;            // cpu.isa() without TESSERA_CPU_ISA
 int64_t g_nt_min_bytes = 8 << 20;  // cpu.NT_MIN_BYTES
 int64_t g_parallel_min = 1 << 15;  // cpu.PARALLEL_MIN_ELEMENTS
 int64_t g_softmax_scratch = 1 << 16;
+int64_t g_qi8_max_k = 0;           // _qlinear_int8.MAX_K (int32 accumulators' bound)
 PyObject *g_override = nullptr;    // _registry._override (a contextvars.ContextVar)
 // the Python bodies (the exact path for everything else); held for the life of the process, never
 // released (a static py::object would be destroyed after the interpreter, at exit)
-PyObject *g_impl[NSLOTS] = {};
+PyObject *g_impl[NBODIES] = {};
 int64_t g_calls = 0;               // calls that ran here (tests prove the path is taken)
 
 // "" (automatic) or "cpu": a backend name the cpu kernels answer on a CPU tensor
@@ -100,6 +111,17 @@ bool plain(py::handle obj, at::Tensor &out) {
   const at::Tensor &t = THPVariable_Unpack(obj.ptr());
   if (!t.device().is_cpu() || dtype_code(t.scalar_type()) < 0 || t.dim() < 1 || !t.is_contiguous() ||
       t.numel() == 0)
+    return false;
+  out = t;
+  return true;
+}
+
+// an int8 / int16 contiguous CPU tensor (the integer matmul's operands)
+bool plain_int(py::handle obj, at::Tensor &out) {
+  if (!THPVariable_CheckExact(obj.ptr())) return false;
+  const at::Tensor &t = THPVariable_Unpack(obj.ptr());
+  if (!t.device().is_cpu() || !(t.scalar_type() == at::kChar || t.scalar_type() == at::kShort) ||
+      !t.is_contiguous())
     return false;
   out = t;
   return true;
@@ -163,7 +185,8 @@ int launch(int64_t numel, F &&f) {
   return f();
 }
 
-py::object silu(py::handle x_obj, py::handle backend) {
+// y = act(x) for silu / gelu (kind: ActKind); nullptr-free result or an empty object (not taken)
+py::object act_fwd(py::handle x_obj, int kind, py::handle backend) {
   at::Tensor x;
   void *fn = is_cpu_request(backend.ptr()) && plain(x_obj, x) ? kernel(ACT_FWD) : nullptr;
   if (fn) {
@@ -171,7 +194,7 @@ py::object silu(py::handle x_obj, py::handle backend) {
     at::Tensor y = at::empty(x.sizes(), x.options());
     using F = int (*)(const void *, int64_t, void *, int64_t, int64_t, int, int, int, int);
     int rc = launch(M * N, [&] {
-      return ((F)fn)(x.data_ptr(), N, y.data_ptr(), M, N, /*kind SILU*/ 0, dtype_code(x.scalar_type()), use_nt(y),
+      return ((F)fn)(x.data_ptr(), N, y.data_ptr(), M, N, kind, dtype_code(x.scalar_type()), use_nt(y),
                      threads_for(M * N));
     });
     if (rc == 0) {
@@ -179,7 +202,87 @@ py::object silu(py::handle x_obj, py::handle backend) {
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(y));
     }
   }
-  return py::handle(g_impl[ACT_FWD])(x_obj, backend);
+  return py::object();
+}
+
+// out = act(gate) * up for swiglu / geglu: both contiguous, same shape and dtype
+py::object glu_fwd(py::handle g_obj, py::handle u_obj, int kind, py::handle backend) {
+  at::Tensor g, u;
+  void *fn = is_cpu_request(backend.ptr()) && plain(g_obj, g) && plain(u_obj, u) ? kernel(GLU_FWD) : nullptr;
+  if (fn && (u.scalar_type() != g.scalar_type() || !u.sizes().equals(g.sizes()))) fn = nullptr;
+  if (fn) {
+    const int64_t N = g.size(-1), M = g.numel() / N;
+    at::Tensor y = at::empty(g.sizes(), g.options());
+    using F = int (*)(const void *, int64_t, const void *, int64_t, void *, int64_t, int64_t, int, int, int, int);
+    int rc = launch(M * N, [&] {
+      return ((F)fn)(g.data_ptr(), N, u.data_ptr(), N, y.data_ptr(), M, N, kind, dtype_code(g.scalar_type()),
+                     use_nt(y), threads_for(M * N));
+    });
+    if (rc == 0) {
+      g_calls++;
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(y));
+    }
+  }
+  return py::object();
+}
+
+// int_mm: a [M, K] int8/int16 and b [N, K] int8, both contiguous -> int32 / int64 (exact);
+// the same call as _qlinear_int8.cpu.int_mm_forward
+py::object int_mm(py::handle a_obj, py::handle b_obj, py::handle backend) {
+  at::Tensor a, b;
+  void *fn = is_cpu_request(backend.ptr()) && plain_int(a_obj, a) && plain_int(b_obj, b) ? kernel(QI8_MM) : nullptr;
+  if (fn && (a.dim() != 2 || b.dim() != 2 || b.scalar_type() != at::kChar || a.size(1) != b.size(1) ||
+             a.size(0) == 0 || b.size(0) == 0 || a.size(1) > g_qi8_max_k))
+    fn = nullptr;
+  if (fn) {
+    const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+    const bool i8 = a.scalar_type() == at::kChar;
+    at::Tensor y = at::empty({M, N}, a.options().dtype(i8 ? at::kInt : at::kLong));
+    const char *v = std::getenv("TESSERA_QI8_VNNI");  // _qlinear_int8.cpu._vnni_ok
+    const int vnni = !(v && std::strcmp(v, "0") == 0), bits = i8 ? 8 : 16;
+    using F = int (*)(const void *, int64_t, int, int, int64_t, int64_t, const void *, int64_t, const void *,
+                      const void *, int, void *, int, int, int);
+    int rc = launch(M * N * K, [&] {
+      return ((F)fn)(a.data_ptr(), K, bits, bits, M, K, b.data_ptr(), N, nullptr, nullptr, /*no activation*/ 0,
+                     y.data_ptr(), /*integer output*/ -1, vnni, threads_for(std::max<int64_t>(M, 16) * N * K / 16));
+    });
+    if (rc == 0) {
+      g_calls++;
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(y));
+    }
+  }
+  return py::handle(g_impl[INT_MM])(a_obj, b_obj, backend);
+}
+
+// approximate: exactly "none" or "tanh" (anything else: the Python body says what is wrong)
+int gelu_kind(py::handle approximate) {
+  PyObject *a = approximate.ptr();
+  if (!PyUnicode_CheckExact(a)) return -1;
+  if (PyUnicode_CompareWithASCIIString(a, "none") == 0) return KIND_GELU;
+  if (PyUnicode_CompareWithASCIIString(a, "tanh") == 0) return KIND_GELU_TANH;
+  return -1;
+}
+
+py::object silu(py::handle x, py::handle backend) {
+  py::object y = act_fwd(x, KIND_SILU, backend);
+  return y ? y : py::handle(g_impl[SILU])(x, backend);
+}
+
+py::object gelu(py::handle x, py::handle approximate, py::handle backend) {
+  int kind = gelu_kind(approximate);
+  py::object y = kind < 0 ? py::object() : act_fwd(x, kind, backend);
+  return y ? y : py::handle(g_impl[GELU])(x, approximate, backend);
+}
+
+py::object swiglu(py::handle gate, py::handle up, py::handle backend) {
+  py::object y = glu_fwd(gate, up, KIND_SILU, backend);
+  return y ? y : py::handle(g_impl[SWIGLU])(gate, up, backend);
+}
+
+py::object geglu(py::handle gate, py::handle up, py::handle approximate, py::handle backend) {
+  int kind = gelu_kind(approximate);
+  py::object y = kind < 0 ? py::object() : glu_fwd(gate, up, kind, backend);
+  return y ? y : py::handle(g_impl[GEGLU])(gate, up, approximate, backend);
 }
 
 py::object softmax(py::handle x_obj, py::handle dim, py::handle backend) {
@@ -203,7 +306,7 @@ py::object softmax(py::handle x_obj, py::handle dim, py::handle backend) {
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(y));
     }
   }
-  return py::handle(g_impl[SOFTMAX_FWD])(x_obj, dim, backend);
+  return py::handle(g_impl[SOFTMAX])(x_obj, dim, backend);
 }
 
 py::object wrap(const at::Tensor &t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(t)); }
@@ -233,7 +336,7 @@ py::object layer_norm(py::handle x_obj, py::handle w_obj, py::handle b_obj, py::
       return py::make_tuple(wrap(y), wrap(h), wrap(mean), wrap(rstd));
     }
   }
-  return py::handle(g_impl[LAYER_NORM_FWD])(x_obj, w_obj, b_obj, r_obj, eps_obj, backend);
+  return py::handle(g_impl[LAYER_NORM])(x_obj, w_obj, b_obj, r_obj, eps_obj, backend);
 }
 
 py::object rms_norm(py::handle x_obj, py::handle w_obj, py::handle r_obj, py::handle eps_obj, py::handle backend) {
@@ -258,7 +361,7 @@ py::object rms_norm(py::handle x_obj, py::handle w_obj, py::handle r_obj, py::ha
       return py::make_tuple(wrap(y), wrap(h), wrap(rstd));
     }
   }
-  return py::handle(g_impl[RMS_NORM_FWD])(x_obj, w_obj, r_obj, eps_obj, backend);
+  return py::handle(g_impl[RMS_NORM])(x_obj, w_obj, r_obj, eps_obj, backend);
 }
 
 // note(name, isa, address): a kernel entry point cpu.declare() has resolved; unknown names are ignored
@@ -274,30 +377,130 @@ void note(const std::string &name, const std::string &isa, uint64_t address) {
   }
 }
 
-// configure(...): the cpu backend's constants and the Python bodies, once at load
+// configure(...): the cpu backend's constants and the Python bodies ({op name: body}), once at load
 void configure(const std::string &best_isa, int64_t nt_min_bytes, int64_t parallel_min, int64_t softmax_scratch,
-               py::object override_var, py::object silu_impl, py::object softmax_impl, py::object layer_norm_impl,
-               py::object rms_norm_impl) {
+               int64_t qi8_max_k, py::object override_var, py::dict impls) {
+  static const char *names[NBODIES] = {"silu", "softmax", "layer_norm", "rms_norm", "gelu", "swiglu", "geglu",
+                                       "int_mm"};
+  g_qi8_max_k = qi8_max_k;
   g_best_isa = best_isa;
   g_nt_min_bytes = nt_min_bytes;
   g_parallel_min = parallel_min;
   g_softmax_scratch = softmax_scratch;
   Py_XINCREF(override_var.ptr());
   g_override = override_var.ptr();
-  g_impl[ACT_FWD] = silu_impl.release().ptr();
-  g_impl[SOFTMAX_FWD] = softmax_impl.release().ptr();
-  g_impl[LAYER_NORM_FWD] = layer_norm_impl.release().ptr();
-  g_impl[RMS_NORM_FWD] = rms_norm_impl.release().ptr();
+  for (int b = 0; b < NBODIES; b++) g_impl[b] = py::object(impls[names[b]]).release().ptr();
 }
+
+// ----------------------------------------------------------------------------- the gate
+// gate(op, impl, tensors): _library.direct()'s decision (its Python body is the specification
+// and the path taken before this module loads), minus its first test, is_compiling(), which
+// stays in Python where dynamo folds it.  The same queries, made in C++ (~0.15 us where the
+// Python ones cost ~0.8 us, a quarter of a tiny call).
+struct GateState {
+  PyObject *globals = nullptr;  // _library's module dict: its flags are read at each call, as the
+                                // Python body reads them (tests monkeypatch the names themselves)
+  PyObject *always = nullptr, *poison = nullptr, *place = nullptr, *fast = nullptr;  // interned names
+  PyObject *os = nullptr, *environ = nullptr;  // the os module, the process's os.environ
+  PyObject *parameter = nullptr;               // torch.nn.Parameter
+} g_gate;
+
+// _library.<name>[0] (a one-item list), borrowed; null if it is missing or not a list
+PyObject *flag(PyObject *name) {
+  PyObject *lst = PyDict_GetItem(g_gate.globals, name);
+  return lst && PyList_Check(lst) && PyList_GET_SIZE(lst) > 0 ? PyList_GET_ITEM(lst, 0) : nullptr;
+}
+
+bool truthy(PyObject *v) { return v && v != Py_None && v != Py_False && PyObject_IsTrue(v) == 1; }
+
+// a METH_FASTCALL function (pybind11's argument handling alone cost ~0.4 us a call):
+// gate(op, impl, *tensors) -> a new reference to op, impl or impl's C++ twin
+PyObject *gate(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs < 2) {
+    PyErr_SetString(PyExc_TypeError, "gate(op, impl, *tensors)");
+    return nullptr;
+  }
+  PyObject *op = args[0], *impl = args[1];
+  if (truthy(flag(g_gate.always)) || torch::jit::tracer::isTracing() || torch::profiler::impl::profilerEnabled() ||
+      c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::impl::torch_function_mode_enabled())
+    return Py_NewRef(op);
+  const bool grad = c10::GradMode::is_enabled();
+  for (Py_ssize_t i = 2; i < nargs; i++) {
+    PyObject *o = args[i];
+    if (o == Py_None) continue;
+    if (!THPVariable_CheckExact(o) && (PyObject *)Py_TYPE(o) != g_gate.parameter) return Py_NewRef(op);
+    const at::Tensor &t = THPVariable_Unpack(o);
+    if ((grad && t.requires_grad()) || !(t.is_cpu() || t.is_cuda()) ||
+        t.key_set().has_any(c10::functorch_transforms_ks | c10::DispatchKeySet(c10::DispatchKey::Functionalize)))
+      return Py_NewRef(op);
+  }
+  PyObject *place = flag(g_gate.place);
+  if (truthy(flag(g_gate.poison)) || (place && place != Py_None)) return Py_NewRef(impl);
+  PyObject *env = PyObject_GetAttrString(g_gate.os, "environ");
+  Py_XDECREF(env);  // (the module keeps it alive; only its identity matters)
+  if (env != g_gate.environ) {
+    PyErr_Clear();
+    return Py_NewRef(impl);
+  }
+  PyObject *fast = PyDict_GetItem(g_gate.globals, g_gate.fast);
+  PyObject *twin = fast && PyDict_Check(fast) ? PyDict_GetItem(fast, impl) : nullptr;  // borrowed, or null
+  return Py_NewRef(twin ? twin : impl);
+}
+
+PyMethodDef g_gate_def = {"gate", (PyCFunction)(void (*)(void))gate, METH_FASTCALL,
+                          "_library.direct()'s decision in C++: op, impl or impl's C++ twin"};
+
+void configure_gate(py::module_ library, py::module_ os, py::object environ, py::object parameter) {
+  // held for the life of the process
+  g_gate.globals = Py_NewRef(PyModule_GetDict(library.ptr()));
+  g_gate.always = PyUnicode_InternFromString("_ALWAYS_DISPATCH");
+  g_gate.poison = PyUnicode_InternFromString("_POISON");
+  g_gate.place = PyUnicode_InternFromString("_PLACE");
+  g_gate.fast = PyUnicode_InternFromString("_FAST");
+  g_gate.os = Py_NewRef(os.ptr());
+  g_gate.environ = Py_NewRef(environ.ptr());
+  g_gate.parameter = Py_NewRef(parameter.ptr());
+}
+
+// ----------------------------------------------------------------------------- METH_FASTCALL entries
+// The op bodies are called on every tiny eager call: as plain METH_FASTCALL functions they skip
+// pybind11's overload dispatch and argument casting (~0.3 us of a ~1.5 us call).  A Python
+// exception from the fallback body propagates; any C++ exception becomes a RuntimeError.
+template <size_t N, class F, size_t... I>
+PyObject *call_body(F f, PyObject *const *args, std::index_sequence<I...>) {
+  try {
+    return f(py::handle(args[I])...).release().ptr();
+  } catch (py::error_already_set &e) {
+    e.restore();
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+template <size_t N, auto F>
+PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != (Py_ssize_t)N) {
+    PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", (Py_ssize_t)N, nargs);
+    return nullptr;
+  }
+  return call_body<N>(F, args, std::make_index_sequence<N>{});
+}
+
+#define TSR_BODY(name, n) {#name, (PyCFunction)(void (*)(void))fastcall<n, name>, METH_FASTCALL, nullptr}
+PyMethodDef g_bodies[] = {TSR_BODY(silu, 2),       TSR_BODY(softmax, 3), TSR_BODY(layer_norm, 6),
+                          TSR_BODY(rms_norm, 5),   TSR_BODY(gelu, 3),    TSR_BODY(swiglu, 3),
+                          TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),  {nullptr, nullptr, 0, nullptr}};
+#undef TSR_BODY
 
 }  // namespace
 
 PYBIND11_MODULE(_tsr_fastpath, m) {
   m.def("configure", &configure);
+  m.def("configure_gate", &configure_gate);
+  m.add_object("gate", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_gate_def, nullptr, nullptr)));
   m.def("note", &note);
-  m.def("silu", &silu);
-  m.def("softmax", &softmax);
-  m.def("layer_norm", &layer_norm);
-  m.def("rms_norm", &rms_norm);
+  for (PyMethodDef *d = g_bodies; d->ml_name; d++)
+    m.add_object(d->ml_name, py::reinterpret_steal<py::object>(PyCFunction_NewEx(d, nullptr, nullptr)));
   m.def("calls", [] { return g_calls; });
 }

@@ -205,6 +205,25 @@ static inline int tsr_threads(int requested) {
 #endif
 }
 
+/* TSR_TEAM(T, CLAUSES, { body }): `body` as an OpenMP parallel region of T threads with
+ * CLAUSES (e.g. reduction(| : failed)), or, when T <= 1, inline with no region at all.
+ * Why: entering a region costs libgomp ~0.55 us even for a team of one (gcc 12, measured),
+ * as much as the rest of a tiny decode-time call, and T is 1 for every call under the
+ * parallel threshold.  Inline, the body's worksharing loops run orphaned (serially, ~0.05 us)
+ * and a reduction variable is the caller's own (it must be 0 before, as a reduction's
+ * private copy would be).  A #pragma cannot sit in a macro argument: the body writes
+ * _Pragma("omp for ...") for its loops. */
+#define TSR_PRAGMA(x) _Pragma(#x)
+#define TSR_TEAM(T, CLAUSES, ...)                                               \
+    do {                                                                        \
+        const int tsr_team_n_ = (T);                                            \
+        if (tsr_team_n_ <= 1) {                                                 \
+            __VA_ARGS__                                                         \
+        } else {                                                                \
+            TSR_PRAGMA(omp parallel num_threads(tsr_team_n_) CLAUSES) { __VA_ARGS__ } \
+        }                                                                       \
+    } while (0)
+
 /* 64-byte aligned scratch of `floats` fp32 elements; NULL on failure. */
 static inline float *tsr_scratch(int64_t floats) {
     size_t bytes = ((size_t)(floats > 0 ? floats : 1) * 4 + 63) & ~(size_t)63;

@@ -281,6 +281,42 @@ static void seg_avx512_any(int op, int kind, int dt, int nt, int64_t n, const ch
  * ACT_ALIGN, so every chunk's output starts on a cache line) handed out dynamically: on a
  * shared machine a thread that loses its core for a time slice no longer holds up the
  * call with a fixed half of the work.  Small problems get one chunk per thread. */
+/* Elements [lo, hi) of the flattened M x N problem, in segments that never cross a row end
+ * (rowlen: N, or M * N when every input is one long row). */
+static void act_range(int op, int kind, const void *const *in, const int64_t *sin, void *const *out, int64_t lo,
+                      int64_t hi, int64_t rowlen, int es, int nin, int nout, int dtype, int nt, float *scratch) {
+#ifdef TSR_AVX512
+    const int dtk = tsr_v_dtype(dtype); /* bf16 -> hardware-converted bf16 where available */
+    (void)scratch;
+#endif
+    for (int64_t f = lo; f < hi;) {
+        const int64_t r = f / rowlen, c = f - r * rowlen;
+        const int64_t n = rowlen - c < hi - f ? rowlen - c : hi - f;
+        const char *ip[3] = {NULL, NULL, NULL};
+        char *op_[2] = {NULL, NULL};
+        for (int k = 0; k < nin; k++) ip[k] = (const char *)in[k] + (r * sin[k] + c) * es;
+        for (int k = 0; k < nout; k++) op_[k] = (char *)out[k] + f * es;
+#ifdef TSR_AVX512
+        seg_avx512_any(op, kind, dtk, nt, n, ip, op_);
+#else
+        seg_portable(op, kind, dtype, nt, n, ip, op_, scratch);
+#endif
+        f += n;
+    }
+}
+
+/* The portable path's staging buffers (3 in, 2 out, conversion tmp); none on AVX-512. */
+static float *act_scratch(int *failed) {
+#ifdef TSR_AVX512
+    (void)failed;
+    return NULL;
+#else
+    float *s = tsr_scratch(6 * ACT_BLOCK);
+    if (!s) *failed = 1;
+    return s;
+#endif
+}
+
 static int act_run(int op, int kind, const void *const *in, const int64_t *sin, void *const *out,
                    int64_t M, int64_t N, int dtype, int nt, int nthreads) {
     if (kind < ACT_SILU || kind > ACT_GELU_TANH) return TSR_EINVAL;
@@ -298,39 +334,17 @@ static int act_run(int op, int kind, const void *const *in, const int64_t *sin, 
     int64_t chunk = (E + T - 1) / T;
     chunk = chunk > ACT_CHUNK ? ACT_CHUNK : (chunk + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN;
     const int64_t nchunks = (E + chunk - 1) / chunk;
-#ifdef TSR_AVX512
-    const int dtk = tsr_v_dtype(dtype); /* bf16 -> hardware-converted bf16 where available */
-#endif
     int failed = 0;
-#pragma omp parallel num_threads(T) reduction(| : failed)
-    {
-#ifdef TSR_AVX512
-        float *scratch = NULL;
-#else
-        float *scratch = tsr_scratch(6 * ACT_BLOCK); /* 3 in, 2 out, conversion tmp */
-        if (!scratch) failed = 1;
-#endif
-#pragma omp for schedule(dynamic, 1)
+    TSR_TEAM(T, reduction(| : failed), {
+        float *scratch = act_scratch(&failed);
+_Pragma("omp for schedule(dynamic, 1)")
         for (int64_t ci = 0; ci < nchunks; ci++) {
             const int64_t hi = (ci + 1) * chunk < E ? (ci + 1) * chunk : E;
-            for (int64_t f = ci * chunk; f < hi && !failed;) {
-                const int64_t r = f / rowlen, c = f - r * rowlen;
-                const int64_t n = rowlen - c < hi - f ? rowlen - c : hi - f;
-                const char *ip[3] = {NULL, NULL, NULL};
-                char *op_[2] = {NULL, NULL};
-                for (int k = 0; k < nin; k++) ip[k] = (const char *)in[k] + (r * sin[k] + c) * es;
-                for (int k = 0; k < nout; k++) op_[k] = (char *)out[k] + f * es;
-#ifdef TSR_AVX512
-                seg_avx512_any(op, kind, dtk, nt, n, ip, op_);
-#else
-                seg_portable(op, kind, dtype, nt, n, ip, op_, scratch);
-#endif
-                f += n;
-            }
+            if (!failed) act_range(op, kind, in, sin, out, ci * chunk, hi, rowlen, es, nin, nout, dtype, nt, scratch);
         }
         tsr_sfence();
         free(scratch);
-    }
+    });
     return failed ? TSR_ENOMEM : TSR_OK;
 }
 

@@ -219,13 +219,12 @@ int tsr_qlinear_int4(int mode, const void *x, int64_t sx, int dtype, const uint8
         free(tmp);
     }
     if (!failed) {
-#pragma omp parallel num_threads(T)
-        {
+        TSR_TEAM(T, , {
             int ok = 1;
             if (!serial_prep && !dpbf16) {
                 float *tmp = tsr_scratch(Kc);
                 ok = tmp != NULL;
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
                 for (int64_t m = 0; m < M; m++) {
                     if (!tmp) continue;
                     if (mode == 0) prep_f32((const char *)x, sx, dtype, xp, tmp, m, K);
@@ -238,19 +237,19 @@ int tsr_qlinear_int4(int mode, const void *x, int64_t sx, int dtype, const uint8
             float *yacc = gemm ? tsr_scratch((GM + 8) * GN) : NULL, *wt = gemm ? tsr_scratch(GKS * GN) : NULL;
             if (gemm && (!yacc || !wt)) ok = 0;
             if (!ok) {
-#pragma omp atomic write
+_Pragma("omp atomic write")
                 failed = 1;
             }
             if (gemm || !serial_prep) {   /* uniform condition; decode calls keep no barrier */
-#pragma omp barrier
+_Pragma("omp barrier")
             }
             /* every thread enters the work-sharing loop; after a failed allocation anywhere none
              * computes (the result is discarded: TSR_ENOMEM) */
             int go;
-#pragma omp atomic read
+_Pragma("omp atomic read")
             go = failed;
             go = !go;
-#pragma omp for schedule(dynamic, run) nowait
+_Pragma("omp for schedule(dynamic, run) nowait")
             for (int64_t it = 0; it < items; it++) {
                 if (!go) continue;
                 const int64_t b = it / tiles, t = it % tiles;
@@ -274,7 +273,7 @@ int tsr_qlinear_int4(int mode, const void *x, int64_t sx, int dtype, const uint8
                 }
             }
             free(yacc); free(wt);
-        }
+        });
     }
     free(xp); free(xb); free(qx); free(xs); free(sxs);
     return failed ? TSR_ENOMEM : TSR_OK;

@@ -343,13 +343,12 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
     if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
     const int T = tsr_threads(nthreads);
     int failed = 0;
-#pragma omp parallel num_threads(T) reduction(| : failed)
-    {
+    TSR_TEAM(T, reduction(| : failed), {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
         int64_t *tile = (int64_t *)aligned_alloc(64, MB * NP * sizeof(int64_t));
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++)
             if (!failed) prep_row(&J, i, buf);
         /* the implicit barrier: every row is ready */
@@ -358,16 +357,16 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
              * dynamically: a thread that loses its core on a shared machine does not hold
              * the others back at the end */
             const int64_t nblk = (N + NB - 1) / NB, CHB = 16;
-#pragma omp for schedule(dynamic, 1)
+_Pragma("omp for schedule(dynamic, 1)")
             for (int64_t c = 0; c < (nblk + CHB - 1) / CHB; c++)
                 if (!failed) gemv_range(&J, c * CHB, (c + 1) * CHB < nblk ? (c + 1) * CHB : nblk);
         } else {
-#pragma omp for schedule(dynamic, 1)
+_Pragma("omp for schedule(dynamic, 1)")
             for (int64_t p = 0; p < (N + NP - 1) / NP; p++)
                 if (!failed) gemm_panel(&J, p, tile, fbuf);
         }
         free(buf); free(fbuf); free(tile);
-    }
+    });
     free(J.q); free(J.xs);
     return failed ? TSR_ENOMEM : TSR_OK;
 }

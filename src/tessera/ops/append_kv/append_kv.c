@@ -39,11 +39,10 @@ int tsr_append_kv(const void *x, void *cache, float *scale, const int32_t *bt, c
     const int xs = tsr_elsize(x_dtype), cs = cache_elsize(c_dtype);
     const int64_t rows = B * n * Hk;
     int failed = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : failed), {
         float *buf = tsr_scratch(D);
         if (!buf) failed = 1;
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t r = 0; r < rows; r++) {
             if (!buf) continue;
             const int64_t h = r % Hk, bi = r / Hk, b = bi / n, i = bi % n;
@@ -55,6 +54,6 @@ int tsr_append_kv(const void *x, void *cache, float *scale, const int32_t *bt, c
             else tsr_store_conv(dst, buf, D, c_dtype);
         }
         free(buf);
-    }
+    });
     return failed ? TSR_ENOMEM : TSR_OK;
 }

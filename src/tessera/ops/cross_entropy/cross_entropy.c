@@ -177,14 +177,13 @@ int tsr_cross_entropy_fwd(const void *x, int64_t sx, const int64_t *target, int6
     const int64_t nblocks = (N + BLOCK - 1) / BLOCK;
     const int64_t zn = dx ? N : (N < BLOCK ? N : BLOCK);
     int failed = 0, bad = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed, bad)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : failed, bad), {
         float *z = tsr_scratch(zn), *dc = dx && cap > 0.0f ? tsr_scratch(N) : NULL;
         float *bmax = tsr_scratch(nblocks);
         uint16_t *tmp = (uint16_t *)tsr_scratch(BLOCK / 2);
         failed = !z || !bmax || !tmp || (dx && cap > 0.0f && !dc);
         /* every thread reaches the worksharing loop; one without scratch skips its rows */
-#pragma omp for schedule(dynamic, 4)
+_Pragma("omp for schedule(dynamic, 4)")
         for (int64_t i = 0; i < M; i++) {
             if (failed) continue;
             const float si = row_scale ? scale * row_scale[i * srs] : scale;
@@ -193,7 +192,7 @@ int tsr_cross_entropy_fwd(const void *x, int64_t sx, const int64_t *target, int6
         }
         tsr_sfence();
         free(z); free(dc); free(bmax); free(tmp);
-    }
+    });
     return failed ? TSR_ENOMEM : (bad ? TSR_EINVAL : TSR_OK);
 }
 
@@ -203,12 +202,11 @@ int tsr_cross_entropy_bwd(const void *d, int64_t sd, const float *g, int64_t sg,
                           int dtype, int nt, int nthreads) {
     const int es = tsr_elsize(dtype);
     int failed = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : failed), {
         float *buf = tsr_scratch(BLOCK);
         uint16_t *tmp = (uint16_t *)tsr_scratch(BLOCK / 2);
         failed = !buf || !tmp;
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++) {
             if (failed) continue;
             const float gi = g[i * sg];
@@ -217,13 +215,13 @@ int tsr_cross_entropy_bwd(const void *d, int64_t sd, const float *g, int64_t sg,
             for (int64_t j0 = 0; j0 < N; j0 += BLOCK) {
                 const int64_t n = N - j0 < BLOCK ? N - j0 : BLOCK;
                 tsr_load_f32(buf, dr + j0 * es, n, dtype);
-#pragma omp simd
+_Pragma("omp simd")
                 for (int64_t j = 0; j < n; j++) buf[j] *= gi;
                 tsr_store_row(xr + j0 * es, buf, n, dtype, nt, tmp);
             }
         }
         tsr_sfence();
         free(buf); free(tmp);
-    }
+    });
     return failed ? TSR_ENOMEM : TSR_OK;
 }

@@ -76,10 +76,9 @@ int tsr_dequantize_blocks(const void *q, int64_t ldq, int64_t M, int64_t K, int 
     const int os = tsr_elsize(dtype);
     const float zdef = kind == DQ_I4 ? 8.0f : 0.0f;
     int err = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : err)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : err), {
         float *row = tsr_scratch(K + K / 2 + 16);   /* fp32 row + K halves for streaming stores */
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++) {
             if (!row) { err = 1; continue; }
             const char *qr = (const char *)q + i * ldq * cs;
@@ -95,7 +94,7 @@ int tsr_dequantize_blocks(const void *q, int64_t ldq, int64_t M, int64_t K, int 
             if (dst == row) tsr_store_row((char *)out + i * K * os, row, K, dtype, nt, (uint16_t *)(row + K));
         }
         free(row);
-    }
+    });
     if (nt) tsr_sfence();
     return err ? TSR_ENOMEM : TSR_OK;
 }

@@ -79,8 +79,10 @@ _geglu.register_autograd(_backward, setup_context=_setup)
 
 def geglu(gate: Tensor, up: Tensor, approximate: str = "none", *, backend: Optional[str] = None) -> Tensor:
     """GeGLU: ``gelu(gate, approximate) * up``, elementwise; gate/up may be ``chunk(2, -1)`` views."""
-    _check(gate, up, approximate)  # before the schema parser, for clear TypeErrors
-    return direct(_geglu, _geglu_impl, gate, up)(gate, up, approximate, _checks.backend_arg(OP, backend))
+    f = direct(_geglu, _geglu_impl, gate, up)
+    if f is _geglu:  # before the schema parser, for clear TypeErrors (the bodies check for themselves)
+        _check(gate, up, approximate)
+    return f(gate, up, approximate, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("none-", {"approximate": "none"}), ("tanh-", {"approximate": "tanh"})]

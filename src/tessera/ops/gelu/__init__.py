@@ -74,8 +74,10 @@ _gelu.register_autograd(_backward, setup_context=_setup)
 
 def gelu(x: Tensor, approximate: str = "none", *, backend: Optional[str] = None) -> Tensor:
     """GELU, elementwise: ``approximate="none"`` (erf) or ``"tanh"``, as ``torch.nn.functional.gelu``."""
-    _check(x, approximate)  # before the schema parser, for clear TypeErrors
-    return direct(_gelu, _gelu_impl, x)(x, approximate, _checks.backend_arg(OP, backend))
+    f = direct(_gelu, _gelu_impl, x)
+    if f is _gelu:  # before the schema parser, for clear TypeErrors (the bodies check for themselves)
+        _check(x, approximate)
+    return f(x, approximate, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("none-", {"approximate": "none"}), ("tanh-", {"approximate": "tanh"})]

@@ -43,10 +43,12 @@ def _(a, b, backend):
 
 def int_mm(a: Tensor, b: Tensor, *, backend: Optional[str] = None) -> Tensor:
     """Exact a @ b.T for int8/int16 ``a`` [M, K] and int8 ``b`` [N, K] (int32 / int64 result)."""
-    _checks.python_types(OP, {"a": a, "b": b})
-    if b is None:
-        raise TypeError(f"tessera.{OP}: argument 'b' must be a torch.Tensor, got NoneType")
-    return direct(_int_mm, _int_mm_impl, a, b)(a, b, _checks.backend_arg(OP, backend))
+    f = direct(_int_mm, _int_mm_impl, a, b)
+    if f is _int_mm or b is None:  # before the schema parser, for clear TypeErrors (the bodies check too)
+        _checks.python_types(OP, {"a": a, "b": b})
+        if b is None:
+            raise TypeError(f"tessera.{OP}: argument 'b' must be a torch.Tensor, got NoneType")
+    return f(a, b, _checks.backend_arg(OP, backend))
 
 
 def int_mm_eager(a, b):

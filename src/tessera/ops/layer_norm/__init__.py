@@ -112,9 +112,10 @@ _layer_norm.register_autograd(_backward, setup_context=_setup)
 def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor] = None, eps: float = 1e-5,
                residual: Optional[Tensor] = None, *, backend: Optional[str] = None):
     """LayerNorm over the last dim; with ``residual``, returns ``(norm(x + residual), x + residual)``."""
-    _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias, "residual": residual}, {"eps": eps})
-    y, h, _, _ = direct(_layer_norm, _layer_norm_impl, x, weight, bias, residual)(
-        x, weight, bias, residual, eps, _checks.backend_arg(OP, backend))
+    f = direct(_layer_norm, _layer_norm_impl, x, weight, bias, residual)
+    if f is _layer_norm:  # before the schema parser, for clear TypeErrors (the bodies check for themselves)
+        _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias, "residual": residual}, {"eps": eps})
+    y, h, _, _ = f(x, weight, bias, residual, eps, _checks.backend_arg(OP, backend))
     return (y, h) if residual is not None else y
 
 

@@ -102,11 +102,10 @@ int tsr_layer_norm_fwd(const void *x, int64_t sx, const void *res, int64_t sr, c
     if ((!w && !ones) || (!b && !zeros)) { free(ones); free(zeros); return TSR_ENOMEM; }
     const float *wv = w ? w : ones, *bv = b ? b : zeros;
     int failed = 0;
-#pragma omp parallel num_threads(T) reduction(| : failed)
-    {
+    TSR_TEAM(T, reduction(| : failed), {
         float *hs = res ? tsr_scratch(Np) : NULL;   /* copy of the h row (x's dtype) with a residual */
         if (res && !hs) failed = 1;
-#pragma omp for schedule(dynamic, 1)
+_Pragma("omp for schedule(dynamic, 1)")
         for (int64_t c = 0; c < (M + CH - 1) / CH; c++) {
             if (failed) continue;
             const int64_t i0 = c * CH, i1 = i0 + CH < M ? i0 + CH : M;
@@ -115,7 +114,7 @@ int tsr_layer_norm_fwd(const void *x, int64_t sx, const void *res, int64_t sr, c
         }
         tsr_sfence();
         free(hs);
-    }
+    });
     free(ones); free(zeros);
     return failed ? TSR_ENOMEM : TSR_OK;
 }

@@ -295,11 +295,10 @@ int tsr_quantize_blocks(const void *x, int64_t ldx, int64_t M, int64_t K, int dt
     }
     /* pass 1 (multi-row blocks): per (row, column block) statistics */
     if (multi && M > 0) {
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : err)
-        {
+        TSR_TEAM(tsr_threads(nthreads), reduction(| : err), {
             float *row = tsr_scratch(K);
             /* every thread reaches the work-sharing loop, even one whose allocation failed */
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
             for (int64_t i = 0; i < M; i++) {
                 if (!row) { err = 1; continue; }
                 tsr_load_f32(row, (const char *)x + i * ldx * xs, K, dtype);
@@ -309,7 +308,7 @@ int tsr_quantize_blocks(const void *x, int64_t ldx, int64_t M, int64_t K, int dt
                 }
             }
             free(row);
-        }
+        });
         if (err) { free(st); return TSR_ENOMEM; }
     }
     if (multi) {   /* merge in row order -> block scales */
@@ -326,11 +325,10 @@ int tsr_quantize_blocks(const void *x, int64_t ldx, int64_t M, int64_t K, int dt
     }
     if (M == 0) return TSR_OK;
     /* codes (br == 1: statistics and scales of the row first, in the same pass) */
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : err)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : err), {
         float *row = tsr_scratch(K + K / 4 + 16);   /* fp32 row, then K bytes of 4-bit codes */
         uint8_t *tmp = row ? (uint8_t *)(row + K) : NULL;
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++) {
             if (!row) { err = 1; continue; }
             tsr_load_f32(row, (const char *)x + i * ldx * xs, K, dtype);
@@ -347,6 +345,6 @@ int tsr_quantize_blocks(const void *x, int64_t ldx, int64_t M, int64_t K, int dt
             quant_row(row, K, bc, Kb, kind, sc, z, tmp, (char *)codes + i * row_bytes);
         }
         free(row);
-    }
+    });
     return err ? TSR_ENOMEM : TSR_OK;
 }

@@ -102,9 +102,10 @@ _rms_norm.register_autograd(_backward, setup_context=_setup)
 def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, residual: Optional[Tensor] = None,
              *, backend: Optional[str] = None):
     """RMSNorm over the last dim; with ``residual``, returns ``(norm(x + residual), x + residual)``."""
-    _checks.python_types(OP, {"x": x, "weight": weight, "residual": residual}, {"eps": eps})
-    y, h, _ = direct(_rms_norm, _rms_norm_impl, x, weight, residual)(
-        x, weight, residual, eps, _checks.backend_arg(OP, backend))
+    f = direct(_rms_norm, _rms_norm_impl, x, weight, residual)
+    if f is _rms_norm:  # before the schema parser, for clear TypeErrors (the bodies check for themselves)
+        _checks.python_types(OP, {"x": x, "weight": weight, "residual": residual}, {"eps": eps})
+    y, h, _ = f(x, weight, residual, eps, _checks.backend_arg(OP, backend))
     return (y, h) if residual is not None else y
 
 

@@ -80,11 +80,10 @@ int tsr_rms_norm_fwd(const void *x, int64_t sx, const void *res, int64_t sr, con
     const float *wv = w ? w : ones;
     const int64_t CH = chunk_rows(M, tsr_threads(nthreads));
     int failed = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : failed), {
         float *hs = res ? tsr_scratch(Np) : NULL;   /* copy of the h row (x's dtype) with a residual */
         if (res && !hs) failed = 1;
-#pragma omp for schedule(dynamic, 1)
+_Pragma("omp for schedule(dynamic, 1)")
         for (int64_t c = 0; c < (M + CH - 1) / CH; c++) {
             if (failed) continue;
             const int64_t i0 = c * CH, i1 = i0 + CH < M ? i0 + CH : M;
@@ -93,7 +92,7 @@ int tsr_rms_norm_fwd(const void *x, int64_t sx, const void *res, int64_t sr, con
         }
         tsr_sfence();
         free(hs);
-    }
+    });
     free(ones);
     return failed ? TSR_ENOMEM : TSR_OK;
 }

@@ -242,8 +242,7 @@ int tsr_rope(const void *q, const void *k, const void *cosp, const void *sinp, c
     CH = CH < 1 ? 1 : (CH > CH_MAX ? CH_MAX : CH);
     const int kdt = dtype == TSR_BF16 && tsr_bf16_hw() ? TSR_BF16HW : dtype;
     int failed = 0, bad = 0;
-#pragma omp parallel num_threads(nthr) reduction(| : failed, bad)
-    {
+    TSR_TEAM(nthr, reduction(| : failed, bad), {
         float *c = tsr_scratch(3 * Rp);
         float *stage = mode == OUT_STAGE ? tsr_scratch(stage_floats) : NULL;
         if (!c || (mode == OUT_STAGE && !stage)) failed = 1;
@@ -251,7 +250,7 @@ int tsr_rope(const void *q, const void *k, const void *cosp, const void *sinp, c
         /* q's chunks, then k's: each pass is one input and one output stream, like a copy; one
          * dynamic loop over both, so no barrier between the passes */
         const int64_t nch = (T + CH - 1) / CH;
-#pragma omp for schedule(dynamic, 1)
+_Pragma("omp for schedule(dynamic, 1)")
         for (int64_t item = 0; item < 2 * nch; item++) {
             if (failed || bad) continue;
             const int w = item >= nch;
@@ -261,7 +260,7 @@ int tsr_rope(const void *q, const void *k, const void *cosp, const void *sinp, c
         tsr_sfence();
         free(c);
         free(stage);
-    }
+    });
     if (failed) return TSR_ENOMEM;
     return bad ? TSR_EINVAL : TSR_OK;
 }

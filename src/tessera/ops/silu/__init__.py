@@ -65,8 +65,10 @@ _silu.register_autograd(_backward, setup_context=_setup)
 
 def silu(x: Tensor, *, backend: Optional[str] = None) -> Tensor:
     """SiLU (swish): ``x * sigmoid(x)``, elementwise, fp32 math for fp32/fp16/bf16."""
-    ew.check_unary(OP, x)  # before the schema parser, for clear TypeErrors
-    return direct(_silu, _silu_impl, x)(x, _checks.backend_arg(OP, backend))
+    f = direct(_silu, _silu_impl, x)
+    if f is _silu:  # before the schema parser, for clear TypeErrors (the bodies check for themselves)
+        ew.check_unary(OP, x)
+    return f(x, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("", {})]

@@ -124,9 +124,11 @@ _softmax.register_autograd(_backward, setup_context=_setup)
 
 def softmax(x: Tensor, dim: int = -1, *, backend: Optional[str] = None) -> Tensor:
     """Softmax along ``dim``; fully ``-inf`` rows give zeros, rows with ``+inf``/NaN give NaN."""
-    _check(x, dim)  # before the op's schema parser sees them, for clear messages
+    f = direct(_softmax, _softmax_impl, x)
+    if f is _softmax or type(dim) is not int:  # before the schema parser / int(), for clear messages
+        _check(x, dim)
     # a symbolic dim is specialised: it picks the kernel's layout, it is not a size
-    return direct(_softmax, _softmax_impl, x)(x, int(dim), _checks.backend_arg(OP, backend))
+    return f(x, int(dim), _checks.backend_arg(OP, backend))
 
 
 # ---------------------------------------------------------------- spec: cases, roofline

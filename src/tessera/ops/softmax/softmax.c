@@ -453,13 +453,12 @@ int tsr_softmax_fwd(const void *x, int64_t sx, void *y, int64_t M, int64_t N, in
     const int64_t C = N < chunk ? N : chunk;
     const int hwbf = hw_bf16(dtype);
     int failed = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : failed), {
         float *buf = tsr_scratch(C);
         uint16_t *tmp = (uint16_t *)tsr_scratch(C); /* C floats hold 2C halves */
         failed = !buf || !tmp;
         /* every thread reaches the worksharing loop; one without scratch skips its rows */
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++) {
             if (failed) continue;
             const char *xr = (const char *)x + i * sx * es;
@@ -469,7 +468,7 @@ int tsr_softmax_fwd(const void *x, int64_t sx, void *y, int64_t M, int64_t N, in
         }
         tsr_sfence();
         free(buf); free(tmp);
-    }
+    });
     return failed ? TSR_ENOMEM : TSR_OK;
 }
 
@@ -480,12 +479,11 @@ int tsr_softmax_bwd(const void *dy, int64_t sdy, const void *y, int64_t sy, void
     const int64_t C = N < chunk ? N : chunk;
     const int hwbf = hw_bf16(dtype);
     int failed = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads)) reduction(| : failed)
-    {
+    TSR_TEAM(tsr_threads(nthreads), reduction(| : failed), {
         float *gb = tsr_scratch(C), *yb = tsr_scratch(C);
         uint16_t *tmp = (uint16_t *)tsr_scratch(C);
         failed = !gb || !yb || !tmp;
-#pragma omp for schedule(static)
+_Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++) {
             if (failed) continue;
             const char *gr = (const char *)dy + i * sdy * es, *yr = (const char *)y + i * sy * es;
@@ -495,6 +493,6 @@ int tsr_softmax_bwd(const void *dy, int64_t sdy, const void *y, int64_t sy, void
         }
         tsr_sfence();
         free(gb); free(yb); free(tmp);
-    }
+    });
     return failed ? TSR_ENOMEM : TSR_OK;
 }

@@ -73,8 +73,10 @@ _swiglu.register_autograd(_backward, setup_context=_setup)
 
 def swiglu(gate: Tensor, up: Tensor, *, backend: Optional[str] = None) -> Tensor:
     """SwiGLU: ``silu(gate) * up``, elementwise; gate/up may be ``chunk(2, -1)`` views."""
-    ew.check_gated(OP, gate, up)  # before the schema parser, for clear TypeErrors
-    return direct(_swiglu, _swiglu_impl, gate, up)(gate, up, _checks.backend_arg(OP, backend))
+    f = direct(_swiglu, _swiglu_impl, gate, up)
+    if f is _swiglu:  # before the schema parser, for clear TypeErrors (the bodies check for themselves)
+        ew.check_gated(OP, gate, up)
+    return f(gate, up, _checks.backend_arg(OP, backend))
 
 
 _VARIANTS = [("", {})]
