@@ -124,8 +124,13 @@ def _check(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale, val
 
 def _append_kv_impl(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, positions: Tensor,
                k_scale: Optional[Tensor], v_scale: Optional[Tensor], backend: str) -> None:
-    _check(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale)
+    _check(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale, values=False)
     mod = select(SPEC, k.device, k.dtype, backend)
+    # a kernel that checks the index values itself (CHECKS_INDICES) skips the host check, which
+    # runs only to name the bad value when the kernel refuses
+    checked = getattr(mod, "CHECKS_INDICES", False)
+    if not checked:
+        _check(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale)
     if k_cache.dtype not in mod.CACHE_DTYPES:
         raise BackendError(f"tessera.{OP}: the selected backend ({mod.__name__}) cannot write a {k_cache.dtype} "
                            f"cache (has: {mod.CACHE_DTYPES})")
@@ -133,8 +138,11 @@ def _append_kv_impl(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, bloc
         k, v = k.unsqueeze(1), v.unsqueeze(1)
     if k.numel() == 0:
         return
-    mod.forward(k.contiguous(), v.contiguous(), k_cache, v_cache, block_table.contiguous(), positions.contiguous(),
-                k_scale, v_scale)
+    ok = mod.forward(k.contiguous(), v.contiguous(), k_cache, v_cache, block_table.contiguous(),
+                     positions.contiguous(), k_scale, v_scale)
+    if checked and not ok:
+        _check(k, v, k_cache, v_cache, block_table, positions, k_scale, v_scale)  # raises, naming the value
+        raise RuntimeError(f"tessera.{OP}: the kernel refused an index the host check accepts (a bug)")
 
 
 _append_kv = torch.library.custom_op("tessera::append_kv", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))(_append_kv_impl)

@@ -32,10 +32,26 @@ static void quant_row(const float *x, int64_t D, int fmt, void *dst, float *scal
 
 static int cache_elsize(int c) { return c == AKV_I8 || c == AKV_F8 ? 1 : tsr_elsize(c); }
 
-/* x: (B, n, Hk, D) contiguous of x_dtype; cache (NB, P, Hk, D) of c_dtype; scale (NB, P, Hk) or NULL */
+/* x: (B, n, Hk, D) contiguous of x_dtype; cache (NB, P, Hk, D) of c_dtype; scale (NB, P, Hk) or NULL;
+ * TSR_EINVAL (nothing written) when an index is out of range */
+/* Every position and block-table entry this call writes through, checked before anything is
+ * written (the launcher then runs the host check, which names the bad value): positions[b] in
+ * [0, MB * P - n], the table entries of pages [pos / P, (pos + n - 1) / P] in [0, NB). */
+static int indices_ok(const int32_t *bt, const int32_t *pos, int64_t B, int64_t n, int64_t P, int64_t MB,
+                      int64_t NB) {
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t p = pos[b];
+        if (p < 0 || p + n > MB * P) return 0;
+        for (int64_t j = p / P; n > 0 && j <= (p + n - 1) / P; j++)
+            if (bt[b * MB + j] < 0 || bt[b * MB + j] >= NB) return 0;
+    }
+    return 1;
+}
+
 int tsr_append_kv(const void *x, void *cache, float *scale, const int32_t *bt, const int32_t *pos,
-                  int64_t B, int64_t n, int64_t Hk, int64_t D, int64_t P, int64_t MB,
+                  int64_t B, int64_t n, int64_t Hk, int64_t D, int64_t P, int64_t MB, int64_t NB,
                   int x_dtype, int c_dtype, int nthreads) {
+    if (!indices_ok(bt, pos, B, n, P, MB, NB)) return TSR_EINVAL;
     const int xs = tsr_elsize(x_dtype), cs = cache_elsize(c_dtype);
     const int64_t rows = B * n * Hk;
     int failed = 0;

@@ -134,7 +134,9 @@ def _rope_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Opt
           rotary_dim: int, backend: str) -> tuple[Tensor, Tensor]:
     r = _check(q, k, cos, sin, position_ids, interleaved, rotary_dim)
     mod = select(SPEC, q.device, q.dtype, backend)
-    _check_positions(q, cos, position_ids)
+    # ids' values: a kernel that checks them itself (CHECKS_POSITIONS) spares the torch op here
+    if position_ids is None or not getattr(mod, "CHECKS_POSITIONS", False):
+        _check_positions(q, cos, position_ids)
     qo, ko = mod.forward(*_views(q, k, cos, sin, position_ids), interleaved, r)
     return shaped(qo, q.shape), shaped(ko, k.shape)
 
