@@ -311,3 +311,18 @@ def test_a_rows_ceiling_is_its_fast_quartile_with_its_spread(monkeypatch):
     assert row["roof"]["spread"] > 0.5 and "+-" in report.table([row])
     row = _ceiling_row(monkeypatch, 8, 0.0005)
     assert row["roof"]["rate"] < 1e9 / 0.004 / 1e9, row["roof"]
+
+
+def test_overhead_table_lists_each_op_against_eager(tmp_path):
+    """`python -m tessera.bench.overhead`: every op asked for gets a row with tessera's and eager's
+    per-call time and their ratio, written to overhead.md / overhead.json."""
+    import json as _json
+
+    from tessera.bench import overhead
+    assert overhead.main(["--op", "silu,int_mm", "--calls", "5", "--repeats", "3", "--out", str(tmp_path)]) == 0
+    rows = _json.loads((tmp_path / "overhead.json").read_text())["rows"]
+    assert [r["op"] for r in rows] == ["silu", "int_mm"]
+    for r in rows:
+        assert r["us"]["tessera-cpu"] > 0 and r["us"]["eager"] > 0, r
+    md = (tmp_path / "overhead.md").read_text()
+    assert "| silu |" in md and "| int_mm |" in md and "cpu / eager" in md
