@@ -82,9 +82,11 @@ def test_bad_vlen_is_a_clear_error(monkeypatch):
 # what each target's hot kernels must contain: a silent scalar fallback has none of it
 VECTOR = {
     "cpu:aarch64": {"fp": [r"\bfmla\s+v\d+\.4s"], "quant": [r"\bfmul\s+v\d+\.4s"],
+                    "int": [r"\b(smull2?|smlal2?|sdot)\s+v\d+"],
                     "conv": [r"\bfcvtl2?\s+v", r"\bfcvtn2?\s+v"]},
     "cpu:riscv64": {"fp": [r"\bvsetvli|\bvsetivli", r"\bvl(e|\dre)(8|16|32)\.v", r"\bvfmacc\.v|\bvfmadd\.v"],
                     "quant": [r"\bvsetvli|\bvsetivli", r"\bvfmul\.v"],
+                    "int": [r"\bvsetvli|\bvsetivli", r"\bvwmacc\.v|\bvwmul\.v|\bvmacc\.v"],
                     "conv": [r"\bvsetvli", r"\bvzext\.vf2", r"\bvnsrl\.w"]},
 }
 
@@ -117,7 +119,9 @@ def test_hot_kernels_are_vectorised(backend):
             if callee in fns and not callee.startswith("__") and callee not in ("free", "malloc", "memcpy",
                                                                               "memset", "aligned_alloc"):
                 body += fns[callee]
-        kind = "quant" if "quantize" in fn else "conv" if fn == "tsr_runner_convert" else "fp"
+        # the int8 GEMM: integer multiply-accumulates; append_kv: row conversions (and int8 scales)
+        kind = ("quant" if "quantize" in fn else "conv" if fn in ("tsr_runner_convert", "tsr_append_kv") else
+                "int" if fn == "tsr_qi8_mm" else "fp")
         for pat in VECTOR[backend][kind]:
             assert re.search(pat, body), f"{backend}: {fn} has no {pat!r}: a scalar build?"
 

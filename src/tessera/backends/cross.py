@@ -64,6 +64,9 @@ KERNELS = {
     "tsr_glu_bwd": ("_elementwise/activations.c", "rlrlrlwwlliiii"),
     "tsr_quantize_blocks": ("quantize/quantize.c", "rlllii" + "llll" + "wwwi"),
     "tsr_dequantize_blocks": ("dequantize/dequantize.c", "rlllirrlllwiii"),
+    "tsr_rope": ("rope/rope.c", "rrrrrwwr" + "iiiiiii"),
+    "tsr_qi8_mm": ("_qlinear_int8/qlinear_int8.c", "rliillrlrriwiii"),
+    "tsr_append_kv": ("append_kv/append_kv.c", "ruurr" + "lllllll" + "iii"),
     # the runner's own: dtype conversions through the per-ISA row helpers (tests/test_cross.py)
     "tsr_runner_convert": (None, "rwlii"),
 }

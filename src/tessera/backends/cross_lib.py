@@ -18,13 +18,10 @@ Writes into DIR:
   is assumed on the board; every entry point still takes a thread count, 1 here).
 * ``tessera.h`` -- the C ABI: the prototypes exactly as the sources define them, the dtype and
   kind codes, the error codes, and the conventions (below, repeated in the header).
-* ``example.c`` -- calls RMSNorm and an int8 quantize -> dequantize round trip on fixed data and checks
-  them against plain C; exit status 0 and "tessera example: ok" when they match.  Build it with
-  ``CC example.c libtessera.a -lm`` (static, so qemu-user runs it without a target sysroot).
-
-The issue asks for the example to call linear_w8a8; that op has no edge-CPU kernel yet (the
-cross backends serve rms_norm, the activations and the quantize family this round), so the
-example uses quantize/dequantize, the integer path it does have.
+* ``example.c`` -- calls RMSNorm, an int8 quantize -> dequantize round trip and linear_w8a8
+  (``tsr_qi8_mm``) on fixed data and checks them against plain C; exit status 0 and "tessera
+  example: ok" when they match.  Build it with ``CC example.c libtessera.a -lm`` (static, so
+  qemu-user runs it without a target sysroot).
 """
 from __future__ import annotations
 
@@ -219,7 +216,7 @@ def build(target: str, out: Path) -> list[Path]:
         raise ValueError(f"tessera build: --target {target!r}: expected one of {LIB_TARGETS}")
     cc, flags = _compiler(target)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["-O3", "-std=gnu11", "-fPIC", "-fno-math-errno", "-ffp-contract=fast", "-fno-trapping-math",
+    common = ["-O3", "-std=gnu11", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-fno-trapping-math",
               "-Wall", "-Wno-unknown-pragmas", "-Werror=implicit-function-declaration", "-I", str(_jit.CSRC)]
     objs = []
     for src in cross.kernel_sources():

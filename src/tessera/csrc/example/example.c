@@ -5,7 +5,10 @@
  * RMSNorm of a 3 x 37 fp32 matrix against a plain C loop (fp32 statistics, tolerance 1e-5
  * relative), then an int8 per-row quantize -> dequantize round trip: every code must be the
  * round-half-to-even of x / scale with scale = max|row| / 127, and dequantize must give code * scale
- * exactly.  Exit status 0 and "tessera example: ok" when everything matches.
+ * exactly; then linear_w8a8 (tsr_qi8_mm: fp32 activations quantized per row to int8, int8 weights
+ * with per-channel scales, int32 sums) on rows whose max |x| is 127, so the activation scale is
+ * exactly 1 and the result must be the integer dot product times the weight scale.  Exit status 0
+ * and "tessera example: ok" when everything matches.
  */
 #include <math.h>
 #include <stdio.h>
@@ -54,6 +57,26 @@ int main(void) {
     if (rc != TSR_OK) { printf("tessera example: dequantize returned %d\n", rc); return 1; }
     for (int i = 0; i < M * N; i++)
         if (back[i] != (float)codes[i] * scale[i / N]) return fail("dequantize", i, back[i], codes[i] * scale[i / N]);
+
+    /* linear_w8a8: y[i, n] = (sum_k q(x)[i, k] * wq[n, k]) * sx[i] * ws[n], q(x) = x here (sx = 1) */
+    enum { NO = 5 };
+    float xa[M * N], ws[NO], ya[M * NO];
+    int8_t wq[NO * N];
+    for (int i = 0; i < M * N; i++) xa[i] = (float)((i * 37 + 11) % 255 - 127);
+    for (int i = 0; i < M; i++) xa[i * N + i] = (i % 2) ? -127.0f : 127.0f;   /* max |row| = 127 */
+    for (int i = 0; i < NO * N; i++) wq[i] = (int8_t)((i * 53 + 7) % 255 - 127);
+    for (int n = 0; n < NO; n++) ws[n] = 0.01f * (float)(n + 1);
+    rc = tsr_qi8_mm(xa, N, TSR_F32, 8, M, N, wq, NO, ws, NULL, 0, ya, TSR_F32, 0, 1);
+    if (rc != TSR_OK) { printf("tessera example: linear_w8a8 returned %d\n", rc); return 1; }
+    for (int i = 0; i < M; i++)
+        for (int n = 0; n < NO; n++) {
+            /* volatile keeps this check loop scalar: qemu 7.2's RVV translator aborts
+             * (decode_save_opc assertion) on clang 19's vectorised form of it */
+            volatile long acc = 0;
+            for (int k = 0; k < N; k++) acc += (long)xa[i * N + k] * wq[n * N + k];
+            float want = (float)acc * ws[n];
+            if (fabsf(ya[i * NO + n] - want) > 1e-6f * fabsf(want)) return fail("linear_w8a8", i * NO + n, ya[i * NO + n], want);
+        }
     printf("tessera example: ok\n");
     return 0;
 }

@@ -243,7 +243,8 @@ def register_linear(op: str, fn, ref, spec_holder: dict):
     spec_holder["spec"] = register_op(OpSpec(
         name=op, fn=fn, ref=ref, eager=EAGER[op],  # activations quantised like the kernel
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
-                 "triton": f"tessera.ops.{op}.triton", "opencl": f"tessera.ops.{op}.opencl"},
+                 "triton": f"tessera.ops.{op}.triton", "opencl": f"tessera.ops.{op}.opencl",
+                 "cpu:aarch64": f"tessera.ops.{op}.cross", "cpu:riscv64": f"tessera.ops.{op}.cross"},
         cases=linear_cases(), grad_inputs=(),
         bytes_fwd=linear_bytes_fwd, flops_fwd=linear_flops_fwd, bound=linear_bound,
         compute_dtype="int8",  # integer dot products (VPDPBUSD): judged against the int8 peak

@@ -182,7 +182,8 @@ def _bytes_fwd(kw):
 SPEC = register_op(OpSpec(
     name=OP, fn=append_kv, ref=append_kv_ref, eager=append_kv_eager,
     kernels={"reference": "tessera.ops.append_kv.ref", "cpu": "tessera.ops.append_kv.cpu",
-             "triton": "tessera.ops.append_kv.triton", "opencl": "tessera.ops.append_kv.opencl"},
+             "triton": "tessera.ops.append_kv.triton", "opencl": "tessera.ops.append_kv.opencl",
+             "cpu:aarch64": "tessera.ops.append_kv.cross", "cpu:riscv64": "tessera.ops.append_kv.cross"},
     cases=cases(quantised=False) + cases(quantised=True), grad_inputs=(),
     mutates=("k_cache", "v_cache", "k_scale", "v_scale"),
     bytes_fwd=_bytes_fwd, bench_cases=bench_cases(),

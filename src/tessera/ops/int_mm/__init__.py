@@ -114,7 +114,8 @@ def _flops_fwd(kw):
 SPEC = register_op(OpSpec(
     name=OP, fn=int_mm, ref=int_mm_ref, eager=int_mm_eager,
     kernels={"reference": "tessera.ops.int_mm.ref", "cpu": "tessera.ops.int_mm.cpu",
-             "triton": "tessera.ops.int_mm.triton", "opencl": "tessera.ops.int_mm.opencl"},
+             "triton": "tessera.ops.int_mm.triton", "opencl": "tessera.ops.int_mm.opencl",
+             "cpu:aarch64": "tessera.ops.int_mm.cross", "cpu:riscv64": "tessera.ops.int_mm.cross"},
     cases=_cases(), grad_inputs=(), dtypes=INT_DTYPES,
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd,
     bound=lambda kw: "compute" if kw["a"].shape[0] >= 64 else "read",

@@ -88,13 +88,14 @@ __kernel void layer_norm_fwd(__global const TSR_T *x, long sx, __global const TS
         FOR_CHUNKS(j) {
             const float8 xh = ((tsr_ld8(src, j) - shift) - delta) * r;
             const float8 wj = has_w ? tsr_ld8f(w, j) : (float8)1.0f, bj = has_b ? tsr_ld8f(b, j) : (float8)0.0f;
-            tsr_st8(yr, j, xh * wj + bj);
+            tsr_st8_nt(yr, j, xh * wj + bj);
         }
         FOR_TAIL(j) {
             const float xh = ((tsr_ld(src, j) - shift) - delta) * r;
             tsr_st(yr, j, xh * (has_w ? w[j] : 1.0f) + (has_b ? b[j] : 0.0f));
         }
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }
 
 /* dx for every row of this group's block; partial dw, db of the block into part[g][0], part[g][1]. */
@@ -146,7 +147,7 @@ __kernel void layer_norm_bwd(__global const TSR_T *dy, long sdy, __global const 
             const float8 gj = tsr_ld8(dyr, j) * (has_w ? tsr_ld8f(w, j) : (float8)1.0f);
             float8 d = rx * ((gj - mg) - (tsr_ld8(hr, j) - mu) * cx);
             if (has_dh) d += tsr_ld8(dhr, j);
-            tsr_st8(dxr, j, d);
+            tsr_st8_nt(dxr, j, d);
         }
         FOR_TAIL(j) {
             const float gj = tsr_ld(dyr, j) * (has_w ? w[j] : 1.0f);
@@ -155,6 +156,7 @@ __kernel void layer_norm_bwd(__global const TSR_T *dy, long sdy, __global const 
             tsr_st(dxr, j, d);
         }
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }
 
 /* dw[j] / db[j] = sum over groups of part[g][0][j] / part[g][1][j], in group order; work-item k

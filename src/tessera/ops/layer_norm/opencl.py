@@ -6,14 +6,15 @@ from pathlib import Path
 import torch
 
 from ..._library import as_fp32_param, new_output
-from ...backends import opencl as cl
+from ...backends import cpu, opencl as cl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("layer_norm.cl")
 
 
-def _prg(dtype):
-    return cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype]})
+def _prg(dtype, out):
+    # TSR_NT: streaming stores of `out` (tessera_cl.h), at the cpu backend's size threshold
+    return cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype], "TSR_NT": cpu.use_nt(out)})
 
 
 def forward(x, weight, bias, residual, eps):
@@ -31,7 +32,7 @@ def forward(x, weight, bias, residual, eps):
             cl.i32(residual is not None), cl.buffer(w), cl.i32(w is not None), cl.buffer(b), cl.i32(b is not None),
             by, bh, bm, br, cl.i64(M), cl.i64(N), cl.f32(eps), cl.local_floats(L)]
     # one row per work-group: the groups are the device's unit of load balance
-    cl.launch(_prg(x.dtype), "layer_norm_fwd", (M * L,), (L,), args,
+    cl.launch(_prg(x.dtype, y), "layer_norm_fwd", (M * L,), (L,), args,
               written=(by, bh if h is not None else None, bm, br))
     return y, h, mean, rstd
 
@@ -53,7 +54,7 @@ def backward(dy, dh, h, weight, bias, mean, rstd, eps):
     G = -(-M // per)
     want = dw is not None or db is not None
     part = new_output((G, 2, N), torch.float32, h.device) if want else None  # (dw, db) partial rows per group
-    prg = _prg(h.dtype)
+    prg = _prg(h.dtype, dx)
     bpart, bdx = cl.buffer(part), cl.buffer(dx)
     cl.launch(prg, "layer_norm_bwd", (G * L,), (L,),
               [cl.buffer(dy), cl.i64(dy.stride(0)), cl.buffer(dh), cl.i64(0 if dh is None else dh.stride(0)),

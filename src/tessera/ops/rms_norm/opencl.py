@@ -6,14 +6,15 @@ from pathlib import Path
 import torch
 
 from ..._library import as_fp32_param, new_output
-from ...backends import opencl as cl
+from ...backends import cpu, opencl as cl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("rms_norm.cl")
 
 
-def _prg(dtype):
-    return cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype]})
+def _prg(dtype, out):
+    # TSR_NT: streaming stores of `out` (tessera_cl.h), at the cpu backend's size threshold
+    return cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype], "TSR_NT": cpu.use_nt(out)})
 
 
 def forward(x, weight, residual, eps):
@@ -29,7 +30,7 @@ def forward(x, weight, residual, eps):
             cl.i32(residual is not None), cl.buffer(w), cl.i32(w is not None), by := cl.buffer(y), bh := cl.buffer(h),
             br := cl.buffer(rstd), cl.i64(M), cl.i64(N), cl.f32(eps), cl.local_floats(L)]
     # one row per work-group: the groups are the device's unit of load balance
-    cl.launch(_prg(x.dtype), "rms_norm_fwd", (M * L,), (L,), args, written=(by, bh if h is not None else None, br))
+    cl.launch(_prg(x.dtype, y), "rms_norm_fwd", (M * L,), (L,), args, written=(by, bh if h is not None else None, br))
     return y, h, rstd
 
 
@@ -47,7 +48,7 @@ def backward(dy, dh, h, weight, rstd, eps):
     per = -(-M // G)
     G = -(-M // per)
     part = new_output((G, N), torch.float32, h.device) if dw is not None else None
-    prg = _prg(h.dtype)
+    prg = _prg(h.dtype, dx)
     bpart = cl.buffer(part)
     bdx = cl.buffer(dx)
     cl.launch(prg, "rms_norm_bwd", (G * L,), (L,),

@@ -50,9 +50,10 @@ __kernel void rms_norm_fwd(__global const TSR_T *x, long sx, __global const TSR_
         const float r = 1.0f / sqrt(tsr_wg_sum(tsr_hsum8(s8) + s, scratch) / (float)N + eps);
         if (get_local_id(0) == 0) rstd[i] = r;
         __global const TSR_T *src = has_res ? (__global const TSR_T *)hr : xr;
-        FOR_CHUNKS(j) tsr_st8(yr, j, tsr_ld8(src, j) * r * (has_w ? tsr_ld8f(w, j) : (float8)1.0f));
+        FOR_CHUNKS(j) tsr_st8_nt(yr, j, tsr_ld8(src, j) * r * (has_w ? tsr_ld8f(w, j) : (float8)1.0f));
         FOR_TAIL(j) tsr_st(yr, j, tsr_ld(src, j) * r * (has_w ? w[j] : 1.0f));
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }
 
 /* dx for every row of this group's block; partial dw of the block into part[g*N ...]. */
@@ -81,7 +82,7 @@ __kernel void rms_norm_bwd(__global const TSR_T *dy, long sdy, __global const TS
             const float8 gj = dyj * (has_w ? tsr_ld8f(w, j) : (float8)1.0f);
             float8 d = r * (gj - xhat * mean_gx);
             if (has_dh) d += tsr_ld8(dhr, j);
-            tsr_st8(dxr, j, d);
+            tsr_st8_nt(dxr, j, d);
             if (has_w) {
                 const float8 p = tsr_ld8f(pg, j) + dyj * xhat;
                 TSR_S8(pg, j, p);
@@ -96,6 +97,7 @@ __kernel void rms_norm_bwd(__global const TSR_T *dy, long sdy, __global const TS
             if (has_w) pg[j] += dyj * xhat;
         }
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }
 
 /* dw[j] = sum over groups of part[g*N + j], in group order; work-item k takes columns 8k..8k+7. */

@@ -225,7 +225,8 @@ from . import cases as _cases  # noqa: E402  (cases import rope_cache only)
 SPEC = register_op(OpSpec(
     name=OP, fn=rope, ref=rope_ref, eager=rope_eager,
     kernels={"reference": "tessera.ops.rope.ref", "cpu": "tessera.ops.rope.cpu",
-             "triton": "tessera.ops.rope.triton", "opencl": "tessera.ops.rope.opencl"},
+             "triton": "tessera.ops.rope.triton", "opencl": "tessera.ops.rope.opencl",
+             "cpu:aarch64": "tessera.ops.rope.cross", "cpu:riscv64": "tessera.ops.rope.cross"},
     cases=_cases.cases(), grad_inputs=("q", "k"),
     bytes_fwd=_bytes, bytes_bwd=_bytes, flops_fwd=_flops, flops_bwd=_flops,
     bench_cases=_cases.bench_cases(),

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from ..._library import new_output
-from ...backends import opencl as cl
+from ...backends import cpu, opencl as cl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("rope.cl")
@@ -30,7 +30,8 @@ def _launch(x, out, cos, sin, pos, interleaved, r, sign, berr):
         return
     prg = cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[x.dtype], "ROPE_CS_F32": int(cos.dtype == torch.float32),
                             "ROPE_POS": _POS_KIND[None if pos is None else pos.dtype],
-                            "ROPE_F64": int(x.dtype == torch.float32 and _f64_lanes())})
+                            "ROPE_F64": int(x.dtype == torch.float32 and _f64_lanes()),
+                            "TSR_NT": cpu.use_nt(out)})  # streaming stores of out (tessera_cl.h)
     pairs_per_chunk = 4 if interleaved else 8
     units = H * -(-(r // 2) // pairs_per_chunk)          # (head, chunk) units of one token
     L = cl.vec_local_size(8 * units)

@@ -137,13 +137,13 @@ __kernel void rope_run(__global const TSR_T *x, long sb, long ss, long sh, __glo
             if (i0 + cw <= h && !interleaved) {
                 const float8 x1 = tsr_ld8(xr, i0), x2 = tsr_ld8(xr, h + i0);
                 const float8 c = cs_ld8(cr, i0), s = sign * cs_ld8(sr, i0);
-                tsr_st8(orow, i0, rot8(x1, c, x2, -s));
-                tsr_st8(orow, h + i0, rot8(x2, c, x1, s));
+                tsr_st8_nt(orow, i0, rot8(x1, c, x2, -s));
+                tsr_st8_nt(orow, h + i0, rot8(x2, c, x1, s));
             } else if (i0 + cw <= h) {
                 const float8 v = tsr_ld8(xr, 2 * i0);
                 const float4 a = v.even, bb = v.odd, c = cs_ld4(cr, i0), s = sign * cs_ld4(sr, i0);
                 const float4 e = rot4(a, c, bb, -s), f = rot4(bb, c, a, s);
-                tsr_st8(orow, 2 * i0, (float8)(e.x, f.x, e.y, f.y, e.z, f.z, e.w, f.w));
+                tsr_st8_nt(orow, 2 * i0, (float8)(e.x, f.x, e.y, f.y, e.z, f.z, e.w, f.w));
             } else {
                 /* the partial last chunk of a head row, pair by pair */
                 for (long i = i0; i < min(i0 + cw, h); i++) {
@@ -167,10 +167,11 @@ __kernel void rope_run(__global const TSR_T *x, long sb, long ss, long sh, __glo
             __global BITS_T *ob = (__global BITS_T *)(ot + hh * D);
             if (j + 8 <= D) {
                 const BITS8_T v = (BITS8_T)(TSR_G8(xb, j));
-                TSR_S8(ob, j, v);
+                TSR_ST8_NT(ob, j, BITS8_T, v);
             } else {
                 for (long k = j; k < D; k++) ob[k] = xb[k];
             }
         }
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }

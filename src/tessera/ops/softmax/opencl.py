@@ -6,14 +6,15 @@ from pathlib import Path
 import torch
 
 from ..._library import new_output
-from ...backends import opencl as cl
+from ...backends import cpu, opencl as cl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("softmax.cl")
 
 
-def _prg(dtype):
-    return cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype]})
+def _prg(dtype, out):
+    # TSR_NT: streaming stores of `out` (tessera_cl.h), at the cpu backend's size threshold
+    return cl.program(_SRC, {"TSR_DTYPE": cl.DTYPE_CODE[dtype], "TSR_NT": cpu.use_nt(out)})
 
 
 def _keep_exp(N: int, L: int) -> bool:
@@ -38,7 +39,7 @@ def forward(x):
     L = cl.vec_local_size(N)
     keep = _keep_exp(N, L)
     by = cl.buffer(y)
-    cl.launch(_prg(x.dtype), "softmax_fwd", (M * L,), (L,),
+    cl.launch(_prg(x.dtype, y), "softmax_fwd", (M * L,), (L,),
               [cl.buffer(x), cl.i64(x.stride(0)), by, cl.i64(M), cl.i64(N), cl.local_floats(N if keep else 1),
                cl.i32(keep), cl.local_floats(L)], written=(by,))
     return y
@@ -51,7 +52,7 @@ def backward(dy, y):
         return dx
     L = cl.vec_local_size(N)
     bdx = cl.buffer(dx)
-    cl.launch(_prg(y.dtype), "softmax_bwd", (M * L,), (L,),
+    cl.launch(_prg(y.dtype, dx), "softmax_bwd", (M * L,), (L,),
               [cl.buffer(dy), cl.i64(dy.stride(0)), cl.buffer(y), cl.i64(y.stride(0)), bdx, cl.i64(M), cl.i64(N),
                cl.local_floats(L)], written=(bdx,))
     return dx

@@ -93,13 +93,14 @@ __kernel void softmax_fwd(__global const TSR_T *x, long sx, __global TSR_T *y, l
         s = tsr_wg_sum(tsr_hsum8(s8) + s, scratch);
         const float inv = s == 0.0f ? 0.0f : 1.0f / s;  /* NaN s stays NaN */
         if (keep) {
-            FOR_CHUNKS(j) tsr_st8(yr, j, (float8)(TSR_G8(e, j)) * inv);
+            FOR_CHUNKS(j) tsr_st8_nt(yr, j, (float8)(TSR_G8(e, j)) * inv);
             FOR_TAIL(j) tsr_st(yr, j, e[j] * inv);
         } else {
-            FOR_CHUNKS(j) tsr_st8(yr, j, sm_exp8(tsr_ld8(xr, j) - ms) * inv);
+            FOR_CHUNKS(j) tsr_st8_nt(yr, j, sm_exp8(tsr_ld8(xr, j) - ms) * inv);
             FOR_TAIL(j) tsr_st(yr, j, sm_exp(tsr_ld(xr, j) - ms) * inv);
         }
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }
 
 __kernel void softmax_bwd(__global const TSR_T *dy, long sdy, __global const TSR_T *y, long sy,
@@ -112,7 +113,8 @@ __kernel void softmax_bwd(__global const TSR_T *dy, long sdy, __global const TSR
         FOR_CHUNKS(j) s8 += tsr_ld8(gr, j) * tsr_ld8(yr, j);
         FOR_TAIL(j) s += tsr_ld(gr, j) * tsr_ld(yr, j);
         const float dot = tsr_wg_sum(tsr_hsum8(s8) + s, scratch);
-        FOR_CHUNKS(j) tsr_st8(dr, j, tsr_ld8(yr, j) * (tsr_ld8(gr, j) - dot));
+        FOR_CHUNKS(j) tsr_st8_nt(dr, j, tsr_ld8(yr, j) * (tsr_ld8(gr, j) - dot));
         FOR_TAIL(j) tsr_st(dr, j, tsr_ld(yr, j) * (tsr_ld(gr, j) - dot));
     }
+    TSR_NT_FENCE();  /* streamed stores of the output (tessera_cl.h) */
 }
