@@ -170,7 +170,8 @@ def _paged_read(kw):
 SPEC = register_op(OpSpec(
     name=OP, fn=decode_attention, ref=decode_attention_ref, eager=decode_attention_eager,
     kernels={"reference": "tessera.ops.decode_attention.ref", "cpu": "tessera.ops.decode_attention.cpu",
-             "triton": "tessera.ops.decode_attention.triton", "opencl": "tessera.ops.decode_attention.opencl"},
+             "triton": "tessera.ops.decode_attention.triton", "opencl": "tessera.ops.decode_attention.opencl",
+             "cpu:aarch64": "tessera.ops.decode_attention.cross", "cpu:riscv64": "tessera.ops.decode_attention.cross"},
     cases=cases(), grad_inputs=(), bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bench_cases=bench_cases(),
     bound="read",  # the KV cache is read once; judged against a read-only pass over its bytes
     layout_read=_paged_read,  # ... and against a plain read of the same scattered pages
