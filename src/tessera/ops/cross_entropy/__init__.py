@@ -171,15 +171,17 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, labe
                   *, backend: Optional[str] = None):
     """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...); with
     ``return_lse``, returns ``(loss, lse)`` (lse: fp32, not differentiable)."""
-    _checks.python_types(OP, {"logits": logits, "target": target},
-                         {"label_smoothing": label_smoothing, "z_loss": z_loss, "softcap": softcap})
-    if not isinstance(target, Tensor):
-        raise TypeError(f"tessera.{OP}: argument 'target' must be a torch.Tensor, got {type(target).__name__}")
-    loss_option_types(OP, ignore_index, reduction)
-    want_grad = torch.is_grad_enabled() and logits.requires_grad
-    loss, lse, _ = direct(_cross_entropy, _cross_entropy_impl, logits, target)(
-        logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad,
-        _checks.backend_arg(OP, backend))
+    f = direct(_cross_entropy, _cross_entropy_impl, logits, target)
+    if f is _cross_entropy or target is None:  # before the schema parser (the body checks for itself)
+        _checks.python_types(OP, {"logits": logits, "target": target},
+                             {"label_smoothing": label_smoothing, "z_loss": z_loss, "softcap": softcap})
+        if not isinstance(target, Tensor):
+            raise TypeError(f"tessera.{OP}: argument 'target' must be a torch.Tensor, got {type(target).__name__}")
+        loss_option_types(OP, ignore_index, reduction)
+    # (the direct path runs only when nothing needs a gradient)
+    want_grad = f is _cross_entropy and torch.is_grad_enabled() and logits.requires_grad
+    loss, lse, _ = f(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad,
+                     _checks.backend_arg(OP, backend))
     return (loss, lse) if return_lse else loss
 
 

@@ -1,6 +1,7 @@
 """Cross-entropy native CPU launcher (kernel: cross_entropy.c; contract: glue.py)."""
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -34,8 +35,18 @@ def loss_rows(x, target, ignore_index, label_smoothing, z_loss, softcap, dx=None
     return loss, lse
 
 
+def count_targets(t, V, ignore_index):
+    """(M,) contiguous int64 targets -> the number not ignored, or None when one is outside [0, V)
+    (then glue.targets' torch check names it)."""
+    n = ctypes.c_int64()
+    f = cpu.declare(_lib(), "tsr_cross_entropy_targets", "plllp")
+    rc = f(cpu.ptr(t), t.shape[0], ignore_index, V, ctypes.addressof(n))
+    return None if rc == cpu.EINVAL else n.value
+
+
 def forward(x, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad):
-    return glue.forward(loss_rows, x, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad)
+    return glue.forward(loss_rows, x, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad,
+                        count=count_targets)
 
 
 def backward(d, g):

@@ -23,10 +23,16 @@ from ..._library import contiguous, new_output
 REDUCTIONS = ("none", "mean", "sum")
 
 
-def targets(op: str, target: torch.Tensor, V: int, ignore_index: int) -> tuple[torch.Tensor, int]:
+def targets(op: str, target: torch.Tensor, V: int, ignore_index: int, count=None) -> tuple[torch.Tensor, int]:
     """(targets as (M,) contiguous int64, number of non-ignored rows); raises a ValueError naming
-    'target' when a non-ignored target is outside [0, V) (no kernel ever reads such an index)."""
+    'target' when a non-ignored target is outside [0, V) (no kernel ever reads such an index).
+    ``count(t, V, ignore_index)``: a backend's native check and count of contiguous int64 targets
+    (None when one is out of range); the torch ops below then run only to name the bad value."""
     t = target.reshape(-1)
+    if count is not None and t.dtype == torch.int64 and t.is_contiguous():
+        n = count(t, V, ignore_index)
+        if n is not None:
+            return t, n
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= V))
     if bool(bad.any()):
@@ -59,10 +65,10 @@ def reduce(loss: torch.Tensor, reduction: str, n_valid: int, dtype: torch.dtype)
     return total.to(dtype)
 
 
-def forward(loss_rows, x, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad):
+def forward(loss_rows, x, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad, count=None):
     """-> (loss in x's dtype, lse fp32 (M,), the gradient rows for the reduction or None)."""
     M, V = x.shape
-    t, n_valid = targets("cross_entropy", target, V, ignore_index)
+    t, n_valid = targets("cross_entropy", target, V, ignore_index, count)
     dx = new_output((M, V), x.dtype, x.device) if want_grad else None
     loss, lse = loss_rows(x, t, ignore_index, label_smoothing, z_loss, softcap, dx, grad_scale(reduction, n_valid))
     return reduce(loss, reduction, n_valid, x.dtype), lse, dx

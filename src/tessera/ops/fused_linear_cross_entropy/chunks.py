@@ -139,9 +139,9 @@ def _blas_ready(w):
     return contiguous(w)
 
 
-def _inputs(hidden, weight, bias, target, ignore_index):
+def _inputs(ce, hidden, weight, bias, target, ignore_index):
     h = rows(hidden)
-    t, n_valid = ce_glue.targets(OP, target, weight.shape[0], ignore_index)
+    t, n_valid = ce_glue.targets(OP, target, weight.shape[0], ignore_index, getattr(ce, "count_targets", None))
     return h, _blas_ready(weight), contiguous(bias), t, n_valid
 
 
@@ -149,7 +149,7 @@ def forward(ce, hidden, weight, target, bias, ignore_index, label_smoothing, z_l
             need_dh, need_dw, need_db):
     """-> (loss in hidden's dtype, dhidden (T, H), dweight, dbias); gradients (for the reduction,
     upstream gradient 1) only for mean/sum, only those asked for; None otherwise."""
-    h, w, b, t, n_valid = _inputs(hidden, weight, bias, target, ignore_index)
+    h, w, b, t, n_valid = _inputs(ce, hidden, weight, bias, target, ignore_index)
     if reduction == "none":
         need_dh = need_dw = need_db = False
     loss, dh, dw, db = sweep(ce, h, w, b, t, (ignore_index, label_smoothing, z_loss, softcap), need_dh, need_dw,
@@ -165,7 +165,7 @@ def backward(ce, grad, dh, dw, db, hidden, weight, target, bias, ignore_index, l
     if reduction != "none":
         g = grad.reshape(()).to(torch.float32)
         return tuple(None if d is None else d * g for d in (dh, dw, db))
-    h, w, b, t, _ = _inputs(hidden, weight, bias, target, ignore_index)
+    h, w, b, t, _ = _inputs(ce, hidden, weight, bias, target, ignore_index)
     g = contiguous(grad.reshape(-1).to(torch.float32))
     _, dh, dw, db = sweep(ce, h, w, b, t, (ignore_index, label_smoothing, z_loss, softcap), need_dh, need_dw,
                           need_db, 1.0, g)
