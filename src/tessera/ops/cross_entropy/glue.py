@@ -58,11 +58,11 @@ def reduce(loss: torch.Tensor, reduction: str, n_valid: int, dtype: torch.dtype)
     """Row losses (fp32, or float64 from the reference) -> the op's loss in the logits dtype,
     rounded once.  A mean over no rows is 0 / 0 = NaN, as ``F.cross_entropy``."""
     if reduction == "none":
-        return loss.to(dtype)
+        return loss if loss.dtype == dtype else loss.to(dtype)
     total = loss.sum()
-    if reduction == "mean":
-        total = total / n_valid if n_valid else total * float("nan")
-    return total.to(dtype)
+    if reduction == "mean":  # (in place: the sum is a fresh tensor; a tiny call feels each op)
+        total = total.div_(n_valid) if n_valid else total.mul_(float("nan"))
+    return total if total.dtype == dtype else total.to(dtype)
 
 
 def forward(loss_rows, x, target, ignore_index, label_smoothing, z_loss, softcap, reduction, want_grad, count=None):

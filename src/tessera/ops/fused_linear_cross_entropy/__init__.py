@@ -160,18 +160,20 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
                                softcap: float = 0.0, reduction: str = "mean", *, backend: Optional[str] = None):
     """``tessera.cross_entropy(hidden @ weight.T + bias, target, ...)`` computed in chunks of tokens,
     never holding the full logits (see the module docstring)."""
-    _checks.python_types(OP, {"hidden": hidden, "weight": weight, "target": target, "bias": bias},
-                         {"label_smoothing": label_smoothing, "z_loss": z_loss, "softcap": softcap})
-    for name, t in (("weight", weight), ("target", target)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"tessera.{OP}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    loss_option_types(OP, ignore_index, reduction)
-    grad = torch.is_grad_enabled()
+    f = direct(_flce, _flce_impl, hidden, weight, target, bias)
+    if f is _flce or weight is None or target is None:  # before the schema parser (the body checks too)
+        _checks.python_types(OP, {"hidden": hidden, "weight": weight, "target": target, "bias": bias},
+                             {"label_smoothing": label_smoothing, "z_loss": z_loss, "softcap": softcap})
+        for name, t in (("weight", weight), ("target", target)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"tessera.{OP}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        loss_option_types(OP, ignore_index, reduction)
+    # (the direct path runs only when nothing needs a gradient)
+    grad = f is _flce and torch.is_grad_enabled()
     need = (grad and hidden.requires_grad, grad and weight.requires_grad,
             grad and bias is not None and bias.requires_grad)
-    loss, *_ = direct(_flce, _flce_impl, hidden, weight, target, bias)(
-        hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, *need,
-        _checks.backend_arg(OP, backend))
+    loss, *_ = f(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, *need,
+                 _checks.backend_arg(OP, backend))
     return loss
 
 

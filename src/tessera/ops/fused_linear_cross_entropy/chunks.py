@@ -90,7 +90,8 @@ def sweep(ce, hidden, weight, bias, t, opts, need_dh, need_dw, need_db, scale=1.
     dev, dt = hidden.device, hidden.dtype
     grads = need_dh or need_dw or need_db
     C = chunk_tokens(T, V, dt, need_dw)
-    loss = new_output((T,), torch.float32, dev)
+    one = T <= C  # a single chunk (every small call): no slices, and its row losses are the result
+    loss = None if one and T else new_output((T,), torch.float32, dev)
     buf = new_output((min(C, T), V), dt, dev)
     dh = new_output((T, H), dt, dev) if need_dh else None
     dw = new_output((V, H), torch.float32, dev) if need_dw else None
@@ -101,14 +102,17 @@ def sweep(ce, hidden, weight, bias, t, opts, need_dh, need_dw, need_db, scale=1.
     wt = weight.t()
     for c0 in range(0, T, C):
         c1 = min(T, c0 + C)
-        hc, z = hidden[c0:c1], buf[:c1 - c0]
+        hc, z, tc = (hidden, buf, t) if one else (hidden[c0:c1], buf[:c1 - c0], t[c0:c1])
         if bias is None:
             torch.mm(hc, wt, out=z)
         else:
             torch.addmm(bias, hc, wt, out=z)
-        lc, _ = ce.loss_rows(z, t[c0:c1], ignore_index, ls, zl, sc, z if grads else None, scale,
+        lc, _ = ce.loss_rows(z, tc, ignore_index, ls, zl, sc, z if grads else None, scale,
                              None if row_scale is None else row_scale[c0:c1])
-        loss[c0:c1] = lc
+        if one:
+            loss = lc
+        else:
+            loss[c0:c1] = lc
         if need_dh:
             torch.mm(z, weight, out=dh[c0:c1])
         if need_dw:
