@@ -66,6 +66,7 @@ KERNELS = {
     "tsr_dequantize_blocks": ("dequantize/dequantize.c", "rlllirrlllwiii"),
     "tsr_rope": ("rope/rope.c", "rrrrrwwr" + "iiiiiii"),
     "tsr_qi8_mm": ("_qlinear_int8/qlinear_int8.c", "rliillrlrriwiii"),
+    "tsr_linear_fp8": ("linear_fp8/linear_fp8.c", "rlrrrw" + "lll" + "iiiiii"),
     "tsr_append_kv": ("append_kv/append_kv.c", "ruurr" + "lllllll" + "iii"),
     "tsr_decode_attention": ("decode_attention/decode_attention.c", "rrrrrrrw" + "lllllll" + "ff" + "l" + "iii" + "l"),
     # the runner's own: dtype conversions through the per-ISA row helpers (tests/test_cross.py)

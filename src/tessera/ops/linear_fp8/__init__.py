@@ -124,7 +124,8 @@ from ...quant import peers  # noqa: E402  (bench peers; imported here, after the
 SPEC = register_op(OpSpec(
     name=OP, fn=linear_fp8, ref=linear_fp8_ref, eager=linear_fp8_eager,
     kernels={"reference": "tessera.ops.linear_fp8.ref", "cpu": "tessera.ops.linear_fp8.cpu",
-             "triton": "tessera.ops.linear_fp8.triton", "opencl": "tessera.ops.linear_fp8.opencl"},
+             "triton": "tessera.ops.linear_fp8.triton", "opencl": "tessera.ops.linear_fp8.opencl",
+             "cpu:aarch64": "tessera.ops.linear_fp8.cross", "cpu:riscv64": "tessera.ops.linear_fp8.cross"},
     cases=cases(), grad_inputs=(),
     bytes_fwd=_bytes_fwd, flops_fwd=_flops_fwd, bound=_bound, bench_cases=bench_cases(),
     compute_dtype="bf16",  # fp8 x fp8 products are exact in bf16: VDPBF16PS where present
