@@ -67,6 +67,8 @@ KERNELS = {
     "tsr_rope": ("rope/rope.c", "rrrrrwwr" + "iiiiiii"),
     "tsr_qi8_mm": ("_qlinear_int8/qlinear_int8.c", "rliillrlrriwiii"),
     "tsr_linear_fp8": ("linear_fp8/linear_fp8.c", "rlrrrw" + "lll" + "iiiiii"),
+    "tsr_attn_fwd": ("attention/attention_fwd.c", "rllrllrll" + "rr" + "llll" + "fllf" + "ww" + "ili"),
+    "tsr_attn_bwd": ("attention/attention_bwd.c", "rll" * 5 + "rrr" + "llll" + "fllf" + "www" + "iii"),
     "tsr_append_kv": ("append_kv/append_kv.c", "ruurr" + "lllllll" + "iii"),
     "tsr_decode_attention": ("decode_attention/decode_attention.c", "rrrrrrrw" + "lllllll" + "ff" + "l" + "iii" + "l"),
     # the runner's own: dtype conversions through the per-ISA row helpers (tests/test_cross.py)
@@ -147,8 +149,15 @@ def runner_path(name: str, portable: bool = False) -> Path:
     return _runner_path(name, portable)
 
 
+# sources linked beside a kernel file: shared helpers without an entry point of their own
+COMPANIONS = {"attention/attention_fwd.c": ("attention/attn_tiles.c",),
+              "attention/attention_bwd.c": ("attention/attn_tiles.c",)}
+
+
 def kernel_sources() -> list[Path]:
-    return sorted({ROOT / "ops" / src for src, _ in KERNELS.values() if src})
+    srcs = {src for src, _ in KERNELS.values() if src}
+    srcs |= {c for s in list(srcs) for c in COMPANIONS.get(s, ())}
+    return sorted(ROOT / "ops" / s for s in srcs)
 
 
 # ----------------------------------------------------------------------------- runner process

@@ -146,7 +146,8 @@ def build_spec(fn, ref, eager):
     return OpSpec(
         name="attention", fn=fn, ref=ref, eager=eager,
         kernels={"reference": "tessera.ops.attention.ref", "cpu": "tessera.ops.attention.cpu",
-                 "triton": "tessera.ops.attention.triton", "opencl": "tessera.ops.attention.opencl"},
+                 "triton": "tessera.ops.attention.triton", "opencl": "tessera.ops.attention.opencl",
+                 "cpu:aarch64": "tessera.ops.attention.cross", "cpu:riscv64": "tessera.ops.attention.cross"},
         cases=_cases(), grad_inputs=("q", "k", "v"),
         bytes_fwd=_bytes_fwd, bytes_bwd=_bytes_bwd,
         flops_fwd=_flops_fwd, flops_bwd=lambda kw: int(2.5 * _flops_fwd(kw)),
