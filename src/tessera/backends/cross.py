@@ -67,6 +67,7 @@ KERNELS = {
     "tsr_rope": ("rope/rope.c", "rrrrrwwr" + "iiiiiii"),
     "tsr_qi8_mm": ("_qlinear_int8/qlinear_int8.c", "rliillrlrriwiii"),
     "tsr_linear_fp8": ("linear_fp8/linear_fp8.c", "rlrrrw" + "lll" + "iiiiii"),
+    "tsr_qlinear_int4": ("_qlinear_int4/qlinear_int4.c", "irlirrrrw" + "llll" + "iii"),
     "tsr_attn_fwd": ("attention/attention_fwd.c", "rllrllrll" + "rr" + "llll" + "fllf" + "ww" + "ili"),
     "tsr_attn_bwd": ("attention/attention_bwd.c", "rll" * 5 + "rrr" + "llll" + "fllf" + "www" + "iii"),
     "tsr_append_kv": ("append_kv/append_kv.c", "ruurr" + "lllllll" + "iii"),

@@ -271,7 +271,8 @@ def register(op: str, fn, ref, eager, spec_holder: dict, fp32_tol: dict, a8: boo
     spec_holder["spec"] = register_op(OpSpec(
         name=op, fn=fn, ref=ref, eager=eager,
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
-                 "triton": f"tessera.ops.{op}.triton", "opencl": f"tessera.ops.{op}.opencl"},
+                 "triton": f"tessera.ops.{op}.triton", "opencl": f"tessera.ops.{op}.opencl",
+                 "cpu:aarch64": f"tessera.ops.{op}.cross", "cpu:riscv64": f"tessera.ops.{op}.cross"},
         cases=cases(), grad_inputs=(), bytes_fwd=bytes_fwd, flops_fwd=flops_fwd, bound=bound,
         compute_dtype="int8" if a8 else "fp32",  # W4A8: VPDPBUSD; W4A16's GEMM: fp32 FMAs
         bench_cases=bench_cases(), fp32_tol=fp32_tol, fuzz="test_qlinear_int4.py", peers=peers(a8=a8),

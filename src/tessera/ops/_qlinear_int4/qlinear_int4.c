@@ -96,13 +96,16 @@ static void prep_i8(const char *x, int64_t sx, int dtype, int8_t *qx, int32_t *x
     int8_t *d = qx + m * Kc;
     int32_t *s = xs + m * C * 16;
     for (int64_t c = 0; c < C; c++) {
+        /* tmp holds whole numbers: lrintf converts them exactly, like a cast, but as a
+         * round-to-nearest conversion -- clang lowers a cast to RVV's vfncvt.rtz, on which
+         * qemu 7.2's translator aborts (decode_save_opc assertion) */
         for (int j = 0; j < 64; j++) {
-            d[128 * c + j] = (int8_t)tmp[128 * c + 2 * j];
-            d[128 * c + 64 + j] = (int8_t)tmp[128 * c + 2 * j + 1];
+            d[128 * c + j] = (int8_t)lrintf(tmp[128 * c + 2 * j]);
+            d[128 * c + 64 + j] = (int8_t)lrintf(tmp[128 * c + 2 * j + 1]);
         }
         for (int l = 0; l < 16; l++) {
             int32_t sum = 0;
-            for (int k = 0; k < 8; k++) sum += (int32_t)tmp[128 * c + 8 * l + k];
+            for (int k = 0; k < 8; k++) sum += (int32_t)lrintf(tmp[128 * c + 8 * l + k]);
             s[16 * c + l] = -sum;
         }
     }
@@ -120,9 +123,17 @@ static void w4a16_tile_c(const uint8_t *w, const float *ws, const uint8_t *wz, c
             for (int64_t g = 0; g < KG; g++) {
                 const float z = wz ? (float)wz[n * KG + g] : 8.0f;
                 float p = 0.0f;
-                for (int64_t b = g * G / 2; b < (g + 1) * G / 2; b++) {
-                    const int64_t blk = b / 16 * 32, j = b % 16;
-                    p += ((float)(wr[b] & 15) - z) * xr[blk + j] + ((float)(wr[b] >> 4) - z) * xr[blk + 16 + j];
+                /* byte b holds columns blk + j (low nibble) and blk + 16 + j (high), blk = b / 16 * 32,
+                 * j = b % 16: walked as runs of consecutive j, so the loop is unit-stride and vectorises
+                 * (NEON, RVV, SSE/AVX2 builds) */
+                for (int64_t b0 = g * G / 2, be = (g + 1) * G / 2; b0 < be;) {
+                    const int64_t j0 = b0 % 16, n = 16 - j0 < be - b0 ? 16 - j0 : be - b0;
+                    const uint8_t *wb = wr + b0;
+                    const float *x0 = xr + b0 / 16 * 32 + j0, *x1 = x0 + 16;
+#pragma omp simd reduction(+ : p)
+                    for (int64_t j = 0; j < n; j++)
+                        p += ((float)(wb[j] & 15) - z) * x0[j] + ((float)(wb[j] >> 4) - z) * x1[j];
+                    b0 += n;
                 }
                 t += p * ws[n * KG + g];
             }
@@ -143,9 +154,16 @@ static void w4a8_tile_c(const uint8_t *w, const float *ws, const uint8_t *wz, co
             for (int64_t g = 0; g < KG; g++) {
                 const int32_t z = wz ? (int32_t)wz[n * KG + g] : 8;
                 int32_t acc = 0;
-                for (int64_t b = g * G / 2; b < (g + 1) * G / 2; b++) {
-                    const int64_t c = b / 64 * 128, j = b % 64;
-                    acc += ((int32_t)(wr[b] & 15) - z) * xr[c + j] + ((int32_t)(wr[b] >> 4) - z) * xr[c + 64 + j];
+                /* byte b: columns c + j and c + 64 + j, c = b / 64 * 128, j = b % 64; runs of consecutive j
+                 * (unit stride: the loop vectorises; integer sums, so the order changes nothing) */
+                for (int64_t b0 = g * G / 2, be = (g + 1) * G / 2; b0 < be;) {
+                    const int64_t j0 = b0 % 64, n = 64 - j0 < be - b0 ? 64 - j0 : be - b0;
+                    const uint8_t *wb = wr + b0;
+                    const int8_t *x0 = xr + b0 / 64 * 128 + j0, *x1 = x0 + 64;
+#pragma omp simd reduction(+ : acc)
+                    for (int64_t j = 0; j < n; j++)
+                        acc += ((int32_t)(wb[j] & 15) - z) * x0[j] + ((int32_t)(wb[j] >> 4) - z) * x1[j];
+                    b0 += n;
                 }
                 t += (float)acc * ws[n * KG + g];
             }

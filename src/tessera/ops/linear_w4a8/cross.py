@@ -1,0 +1,2 @@
+"""linear_w4a8 kernel module of the edge-CPU backends (launcher in ops/_qlinear_int4/cross.py)."""
+from .._qlinear_int4.cross import DTYPES, forward_w4a8 as forward  # noqa: F401
