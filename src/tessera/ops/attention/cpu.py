@@ -47,18 +47,11 @@ def _lib():
     return lib
 
 
-_SPECS = {"tsr_attn_fwd": "pllpllpllppllllfllfppili", "tsr_attn_bwd": "pllpllpllpllpllpppllllfllfpppiii"}
+def _threads(Tq, Tk, Hq, D):
+    return cpu.threads_for(max(Tq, Tk) * Hq * D * 8)
 
 
-def _launch(name, work, *args):
-    """A kernel call in this process: tensors as pointers, then the thread count for ``work``."""
-    f = cpu.declare(_lib(), name, _SPECS[name])
-    return f(*(cpu.ptr(a) if isinstance(a, torch.Tensor) else a for a in args), cpu.threads_for(work))
-
-
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, launch=_launch,
-            check_rc=cpu.check_rc):
-    """(``launch`` / ``check_rc``: this process's, or the edge-CPU runner's in cross.py)"""
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
     Tq, Hq, D = q.shape
     Tk, Hk = k.shape[0], k.shape[1]
     out = new_output((Tq, Hq, D), q.dtype, q.device)
@@ -66,15 +59,15 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right,
     B = cu_q.shape[0] - 1
     if Tq == 0 or Hq == 0 or B == 0:
         return out, lse
-    rc = launch("tsr_attn_fwd", max(Tq, Tk) * Hq * D * 8, q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1),
-                v, v.stride(0), v.stride(1), cu_q, cu_k, B, Hq, Hk, D, scale, window_left, window_right, softcap,
-                out, lse, cpu.DTYPE_CODE[q.dtype], FWD_BLOCK_M)
-    check_rc(rc, "attention forward")
+    f = cpu.declare(_lib(), "tsr_attn_fwd", "pllpllpllppllllfllfppili")
+    rc = f(cpu.ptr(q), q.stride(0), q.stride(1), cpu.ptr(k), k.stride(0), k.stride(1), cpu.ptr(v), v.stride(0),
+           v.stride(1), cpu.ptr(cu_q), cpu.ptr(cu_k), B, Hq, Hk, D, scale, window_left, window_right, softcap,
+           cpu.ptr(out), cpu.ptr(lse), cpu.DTYPE_CODE[q.dtype], FWD_BLOCK_M, _threads(Tq, Tk, Hq, D))
+    cpu.check_rc(rc, "attention forward")
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap,
-             launch=_launch, check_rc=cpu.check_rc):
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
     Tq, Hq, D = q.shape
     Tk, Hk = k.shape[0], k.shape[1]
     dq = new_output(q.shape, q.dtype, q.device)
@@ -85,9 +78,11 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_le
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
         dout = contiguous(dout)
-    rc = launch("tsr_attn_bwd", max(Tq, Tk) * Hq * D * 8, dout, dout.stride(0), dout.stride(1), q, q.stride(0),
-                q.stride(1), k, k.stride(0), k.stride(1), v, v.stride(0), v.stride(1), out, out.stride(0),
-                out.stride(1), lse, cu_q, cu_k, B, Hq, Hk, D, scale, window_left, window_right, softcap, dq, dk, dv,
-                cpu.DTYPE_CODE[q.dtype], BWD_MODE)
-    check_rc(rc, "attention backward")
+    f = cpu.declare(_lib(), "tsr_attn_bwd", "pllpllpllpllpllpppllllfllfpppiii")
+    rc = f(cpu.ptr(dout), dout.stride(0), dout.stride(1), cpu.ptr(q), q.stride(0), q.stride(1), cpu.ptr(k),
+           k.stride(0), k.stride(1), cpu.ptr(v), v.stride(0), v.stride(1), cpu.ptr(out), out.stride(0),
+           out.stride(1), cpu.ptr(lse), cpu.ptr(cu_q), cpu.ptr(cu_k), B, Hq, Hk, D, scale, window_left,
+           window_right, softcap, cpu.ptr(dq), cpu.ptr(dk), cpu.ptr(dv), cpu.DTYPE_CODE[q.dtype],
+           BWD_MODE, _threads(Tq, Tk, Hq, D))
+    cpu.check_rc(rc, "attention backward")
     return dq, dk, dv

@@ -23,18 +23,7 @@ def _lib():
     return cpu.library("rope", _SRC)
 
 
-def _launch(q, k, cos, sin, pos, qo, ko, sizes, codes):
-    """tsr_rope in this process: the 17 sizes/strides as an int64 array, NT stores and threads as
-    the cpu backend picks them.  ``codes``: (dtype, table dtype, position kind, interleaved, conj)."""
-    a = (ctypes.c_int64 * len(sizes))(*sizes)
-    f = cpu.declare(_lib(), "tsr_rope", "ppppppppiiiiiii")
-    return f(cpu.ptr(q), cpu.ptr(k), cpu.ptr(cos), cpu.ptr(sin), cpu.ptr(pos), cpu.ptr(qo), cpu.ptr(ko),
-             ctypes.cast(a, ctypes.c_void_p), *codes, cpu.use_nt(qo), cpu.threads_for(qo.numel() + ko.numel()))
-
-
-def _run(q, k, cos, sin, pos, interleaved, rotary_dim, conj, launch=_launch, check_rc=cpu.check_rc):
-    """The launcher of every native build of rope.c (``launch`` / ``check_rc``: this process's, or
-    the edge-CPU runner's in cross.py); rc -2 is the kernel refusing a position id."""
+def _run(q, k, cos, sin, pos, interleaved, rotary_dim, conj):
     B, S, Hq, D = q.shape
     Hk = k.shape[2]
     qo = new_output(q.shape, q.dtype, q.device)
@@ -42,16 +31,18 @@ def _run(q, k, cos, sin, pos, interleaved, rotary_dim, conj, launch=_launch, che
     if B * S == 0 or Hq + Hk == 0:
         return qo, ko
     pb, ps = (0, 0) if pos is None else pos.stride()
-    sizes = (B, S, Hq, Hk, D, rotary_dim, cos.shape[0], *q.stride()[:3], *k.stride()[:3],
-             cos.stride(0), sin.stride(0), pb, ps)
-    codes = (cpu.DTYPE_CODE[q.dtype], cpu.DTYPE_CODE[cos.dtype], _POS_KIND[None if pos is None else pos.dtype],
-             int(interleaved), int(conj))
-    rc = launch(q, k, cos, sin, pos, qo, ko, sizes, codes)
+    a = (ctypes.c_int64 * 17)(B, S, Hq, Hk, D, rotary_dim, cos.shape[0], *q.stride()[:3], *k.stride()[:3],
+                              cos.stride(0), sin.stride(0), pb, ps)
+    f = cpu.declare(_lib(), "tsr_rope", "ppppppppiiiiiii")
+    rc = f(cpu.ptr(q), cpu.ptr(k), cpu.ptr(cos), cpu.ptr(sin), cpu.ptr(pos), cpu.ptr(qo), cpu.ptr(ko),
+           ctypes.cast(a, ctypes.c_void_p), cpu.DTYPE_CODE[q.dtype], cpu.DTYPE_CODE[cos.dtype],
+           _POS_KIND[None if pos is None else pos.dtype], int(interleaved), int(conj),
+           cpu.use_nt(qo), cpu.threads_for(qo.numel() + ko.numel()))
     if rc == -2:  # nothing written to qo/ko, which are new: name the value as the host check would
         lo, hi = (int(v) for v in torch.aminmax(pos))
         raise ValueError(f"tessera.rope: argument 'position_ids' holds {lo if lo < 0 else hi}, outside "
                          f"[0, max_positions={cos.shape[0]}) of the cos/sin tables ({tuple(cos.shape)})")
-    check_rc(rc, "rope " + ("backward" if conj else "forward"))
+    cpu.check_rc(rc, "rope " + ("backward" if conj else "forward"))
     return qo, ko
 
 
