@@ -93,6 +93,36 @@ def test_vnni_and_portable_paths_agree_bitwise(op, monkeypatch):
             assert torch.equal(outs[0], outs[1]), (op, M, K, N, dtype)
 
 
+@pytest.mark.parametrize("M,K,N", [(17, 1, 1), (41, 7, 65), (128, 4100, 9), (130, 513, 130), (97, 1024, 64),
+                                   (200, 2049, 3), (300, 64, 200)])
+def test_broadcast_gemm_kernel_is_bit_exact(M, K, N, monkeypatch):
+    """The AVX512-VNNI broadcast kernel (qi8_outer_avx512.h: packed 64-column panels, 6 x 64
+    register blocks, K in blocks of 512 accumulated in memory) takes these shapes (qo_wanted):
+    every tail (rows % 6, columns % 64 and % 16, K % 4 and % 512, several K blocks), at the
+    integer extremes, against exact int64 products and against the portable C."""
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if not qcpu.has_vnni():
+        pytest.skip("no AVX512-VNNI here: only the portable path exists")
+    gen = torch.Generator().manual_seed(M * 7 + K + N)
+    a = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    a[0] = -128                                       # |sum| at its largest: 128 * 128 * K
+    b[0] = -128
+    if M > 2:
+        a[1] = 127
+    exact = (a.long() @ b.long().T).to(torch.int32)
+    x = torch.randn(M, K, generator=gen)
+    w, sw = _weight(N, K, gen)
+    bias = torch.randn(N, generator=gen)
+    got, lin = [], []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
+        got.append(tessera.int_mm(a, b, backend="cpu"))
+        lin.append(tessera.linear_w8a8(x, w, sw, bias, "silu", backend="cpu"))
+    assert torch.equal(got[0], exact) and torch.equal(got[1], exact)
+    assert torch.equal(lin[0], lin[1])
+
+
 # ---------------------------------------------------------------- int_mm
 
 @pytest.mark.parametrize("adtype", [torch.int8, torch.int16])

@@ -331,6 +331,40 @@ static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
     }
 }
 
+#if QI8_VNNI
+#include "qi8_outer_avx512.h"
+
+/* the broadcast GEMM (int8, VNNI, qo_wanted(M, K)): panels packed by all threads, then (row chunk,
+ * panel) items; int32 outputs straight into y, float epilogues through a per-thread int32 tile
+ * (`tile`: 2 x QO_MC x 64 int32, the int64 tile's bytes) */
+VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32_t *tile, float *fbuf,
+                                   const int failed) {
+    const int64_t k4n = (J->K + 3) / 4, np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
+_Pragma("omp for schedule(static)")
+    for (int64_t p = 0; p < np; p++)
+        if (!failed) qo_pack_panel(J->w, J->N, J->K, k4n, p * 64, P + p * k4n * 256, CS + p * 64);
+_Pragma("omp for schedule(dynamic, 1)")
+    for (int64_t it = 0; it < nmc * np; it++) {
+        if (failed) continue;   /* this thread's scratch failed: its items stay unwritten, the call fails */
+        const int64_t mc = it / np, p = it % np, m0 = mc * QO_MC, n0 = p * 64;
+        const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
+        const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
+        int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
+        if (J->ydtype < 0) {
+            qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, (int32_t *)J->y + m0 * J->N + n0, J->N,
+                    cols, tmp);
+            continue;
+        }
+        qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+        for (int64_t i = 0; i < rows; i++) {
+            int64_t r[64];
+            for (int64_t j = 0; j < cols; j++) r[j] = tile[i * 64 + j];
+            finish(J, m0 + i, n0, cols, r, fbuf);
+        }
+    }
+}
+#endif
+
 /* ------------------------------------------------------------------ entry point */
 int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
                const float *wscale, const float *bias, int act, void *y, int ydtype, int vnni_ok, int nthreads) {
@@ -342,17 +376,33 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
     J.xs = tsr_scratch(M);
     if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
     const int T = tsr_threads(nthreads);
+    /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
+#if QI8_VNNI
+    const int outer = J.vnni && bits == 8 && qo_wanted(M, K);
+    const int64_t tile_rows = outer ? QO_MC : MB;
+#else
+    const int outer = 0;
+    const int64_t tile_rows = MB;
+#endif
+    const int64_t k4n = (K + 3) / 4, np = (N + 63) / 64;
+    int8_t *P = outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256)) : NULL;
+    int32_t *CS = outer ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
+    if (outer && (!P || !CS)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }
     int failed = 0;
     TSR_TEAM(T, reduction(| : failed), {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
-        int64_t *tile = (int64_t *)aligned_alloc(64, MB * NP * sizeof(int64_t));
+        int64_t *tile = (int64_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int64_t));
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
 _Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++)
             if (!failed) prep_row(&J, i, buf);
         /* the implicit barrier: every row is ready */
-        if (M <= 16) {
+        if (outer) {
+#if QI8_VNNI
+            outer_gemm(&J, P, CS, (int32_t *)tile, fbuf, failed);
+#endif
+        } else if (M <= 16) {
             /* chunks of 16 weight blocks (64 rows: K x 64 contiguous bytes), handed out
              * dynamically: a thread that loses its core on a shared machine does not hold
              * the others back at the end */
@@ -367,6 +417,6 @@ _Pragma("omp for schedule(dynamic, 1)")
         }
         free(buf); free(fbuf); free(tile);
     });
-    free(J.q); free(J.xs);
+    free(J.q); free(J.xs); free(P); free(CS);
     return failed ? TSR_ENOMEM : TSR_OK;
 }

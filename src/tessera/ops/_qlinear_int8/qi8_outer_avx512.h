@@ -1,0 +1,174 @@
+/* qi8_outer_avx512.h -- the int8 GEMM's broadcast (outer-product) micro-kernel, AVX512-VNNI.
+ * Included by qlinear_int8.c inside its QI8_VNNI section; framework-free.
+ *
+ * Why a second GEMM kernel: the dot-product blocks of qlinear_int8.c keep a 4 x 4 block of
+ * zmm accumulators whose 16 lanes each hold a partial sum along K, reduced horizontally at the
+ * end (~10 instructions an output).  With the K of a convolution's im2col rows (576 for a 3x3
+ * over 64 channels, 64 for a 1x1) that reduction costs as much as the VPDPBUSDs themselves
+ * (measured 51 % of the VNNI peak at K = 576, 14 % at K = 64).  Here each zmm lane is one
+ * output column instead, so nothing is reduced:
+ *
+ *   P[k4][j][0..3] = w[n0 + j][4 k4 .. 4 k4 + 3]          (a 64-column panel, j < 64; zero past
+ *                                                           N and past K)
+ *   acc[i][c]     += VPDPBUSD(broadcast4(a_u8[m0 + i][4 k4 ..]), P[k4][16 c .. 16 c + 15])
+ *
+ * for MR = 6 rows x 4 zmm (64 columns): 24 accumulators, 4 panel loads and 6 broadcasts per
+ * 24 VPDPBUSDs.  The activations are qlinear_int8.c's u8 buffer (q + 128, row stride Kp, padded
+ * with 128 = q 0 to Kp, a multiple of 64), so sum (q + 128) w = acc + 128 cs[n] with cs the
+ * panel's row sums, subtracted once at the end (wrapping int32, exact for K <= 131071 as in
+ * the dot-product path: the result is bit-identical to it and to the portable C).
+ *
+ * Packing costs one read of w and Kp * 64 bytes written per panel (a masked 32-bit gather per
+ * 4 x 16 bytes); the driver uses this kernel only when M is large enough to amortise it
+ * (qo_wanted).  Work items are (64-row chunk of M, panel) pairs, chunk-major, so a thread
+ * reuses one chunk of activations from L2 across panels and two threads split a single-panel
+ * GEMM (a conv with 64 output channels) by rows.
+ */
+#ifndef QI8_OUTER_AVX512_H
+#define QI8_OUTER_AVX512_H
+
+enum { QO_MR = 6, QO_MC = 96, QO_KC4 = 128 };   /* QO_MC: rows per work item (a multiple of QO_MR) */
+
+/* Use this kernel for an M x K activation?  Measured (one thread, EPYC Zen 4, GOP/s new / old):
+ * K = 64: faster at every M > 16 (37 / 26 at M = 17, 160 / 37 at M = 128); K = 576: even at
+ * M = 32 (144 / 147), ahead from M = 48 (183 / 161); K = 2048-4608 (N = 512-2048): behind below
+ * M = 96 (the panel packing, one gather pass over the weight, is not amortised: 264 / 319 at
+ * M = 48), level at M = 128 (347 / 346), ahead beyond (380-390 at M = 784-3136 against
+ * 270-310). */
+static inline int qo_wanted(int64_t M, int64_t K) {
+    return M > 16 && (K <= 128 || (K <= 1024 && M >= 40) || M >= 128);
+}
+
+/* panel p of w [N, K] into P (k4n * 256 bytes, k4n = ceil(K / 4), 64-aligned) and 128 x its 64 row
+ * sums into cs (0 past N) */
+VNNI_TARGET static void qo_pack_panel(const int8_t *w, int64_t N, int64_t K, int64_t k4n, int64_t n0, int8_t *P,
+                                      int32_t *cs) {
+    const int64_t kfull = K / 4;                   /* 4-byte groups entirely inside a row */
+    for (int c = 0; c < 4; c++) {
+        const int64_t nb = n0 + 16 * c;
+        const int64_t valid = N - nb <= 0 ? 0 : (N - nb >= 16 ? 16 : N - nb);
+        const __mmask16 m = (__mmask16)((1u << valid) - 1u);
+        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int)K));
+        const int8_t *base = w + (valid ? nb * K : 0);
+        int32_t *dst = (int32_t *)P + 16 * c;
+        for (int64_t k4 = 0; k4 < kfull; k4++)   /* row offsets < 16 K <= 2^21: int32 indices */
+            _mm512_store_si512((void *)(dst + k4 * 64),
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + 4 * k4, 1));
+        for (int64_t k4 = kfull; k4 < k4n; k4++)
+            for (int j = 0; j < 16; j++) {
+                int8_t b[4] = {0, 0, 0, 0};
+                for (int t = 0; t < 4; t++)
+                    if (j < valid && 4 * k4 + t < K) b[t] = base[j * K + 4 * k4 + t];
+                memcpy(dst + k4 * 64 + j, b, 4);
+            }
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            if (j < valid) {
+                const int8_t *r = base + j * K;
+#pragma omp simd reduction(+ : s)
+                for (int64_t k = 0; k < K; k++) s += r[k];
+            }
+            cs[16 * c + j] = (int32_t)((uint32_t)s << 7);   /* 128 cs, wrapping as the sums do */
+        }
+    }
+}
+
+/* rows [0, mr) of A x the panel's 64 columns: exact int32 results into out (row stride ldo,
+ * `cols` valid columns, masked stores).  The 24 accumulators are register variables pinned to
+ * zmm8..zmm31 and VPDPBUSD is inline asm with the accumulator as an in-out operand: with
+ * intrinsics, an array or plain named variables, gcc 12 kept copying the accumulators through
+ * the stack on every step (a quarter to a half of the peak).  acc += dot4(u8 a, s8 b) per 32-bit lane, as _mm512_dpbusd_epi32(acc, a, b). */
+#define QO_DP(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+#define QO_REG(v, r) register __m512i v __asm__(r) = _mm512_setzero_si512()
+#define QO_ACC(i, r0, r1, r2, r3) QO_REG(c##i##0, r0); QO_REG(c##i##1, r1); QO_REG(c##i##2, r2); QO_REG(c##i##3, r3)
+#define QO_STEP(i)                                                                                    \
+    if (mr > i) {                                                                                     \
+        int32_t q_;                                                                                   \
+        memcpy(&q_, A + i * lda + 4 * k4, 4);                                                         \
+        const __m512i a_ = _mm512_set1_epi32(q_);                                                     \
+        QO_DP(c##i##0, a_, b0); QO_DP(c##i##1, a_, b1); QO_DP(c##i##2, a_, b2); QO_DP(c##i##3, a_, b3); \
+    }
+#define QO_STORE(i)                                                                                   \
+    if (mr > i) {                                                                                     \
+        int32_t *o_ = out + i * ldo;                                                                  \
+        _mm512_mask_storeu_epi32(o_, m0, _mm512_sub_epi32(c##i##0, k0));                              \
+        _mm512_mask_storeu_epi32(o_ + 16, m1, _mm512_sub_epi32(c##i##1, k1));                         \
+        _mm512_mask_storeu_epi32(o_ + 32, m2, _mm512_sub_epi32(c##i##2, k2));                         \
+        _mm512_mask_storeu_epi32(o_ + 48, m3, _mm512_sub_epi32(c##i##3, k3));                         \
+    }
+
+VNNI_TARGET INL __mmask16 qo_mask(int64_t v) {
+    return (__mmask16)(v <= 0 ? 0 : (v >= 16 ? 0xFFFF : (1u << v) - 1u));
+}
+
+/* out = this K block's sums - corr (128 cs for the block that ends K: sum (q + 128) w - 128 cs =
+ * sum q w; zeros for the others). */
+VNNI_TARGET static __attribute__((noinline)) void qo_block(const uint8_t *A, int64_t lda, const int mr,
+                                                           const int8_t *P, int64_t k4n, const int32_t *corr,
+                                                           int32_t *out, int64_t ldo, int64_t cols) {
+    QO_ACC(0, "zmm8", "zmm9", "zmm10", "zmm11"); QO_ACC(1, "zmm12", "zmm13", "zmm14", "zmm15");
+    QO_ACC(2, "zmm16", "zmm17", "zmm18", "zmm19"); QO_ACC(3, "zmm20", "zmm21", "zmm22", "zmm23");
+    QO_ACC(4, "zmm24", "zmm25", "zmm26", "zmm27"); QO_ACC(5, "zmm28", "zmm29", "zmm30", "zmm31");
+    for (int64_t k4 = 0; k4 < k4n; k4++) {
+        const int8_t *p = P + k4 * 256;
+        const __m512i b0 = _mm512_load_si512((const void *)p), b1 = _mm512_load_si512((const void *)(p + 64));
+        const __m512i b2 = _mm512_load_si512((const void *)(p + 128)), b3 = _mm512_load_si512((const void *)(p + 192));
+        QO_STEP(0) QO_STEP(1) QO_STEP(2) QO_STEP(3) QO_STEP(4) QO_STEP(5)
+    }
+    const __m512i k0 = _mm512_loadu_si512((const void *)corr), k1 = _mm512_loadu_si512((const void *)(corr + 16));
+    const __m512i k2 = _mm512_loadu_si512((const void *)(corr + 32)), k3 = _mm512_loadu_si512((const void *)(corr + 48));
+    const __mmask16 m0 = qo_mask(cols), m1 = qo_mask(cols - 16), m2 = qo_mask(cols - 32), m3 = qo_mask(cols - 48);
+    QO_STORE(0) QO_STORE(1) QO_STORE(2) QO_STORE(3) QO_STORE(4) QO_STORE(5)
+}
+#undef QO_ACC
+#undef QO_REG
+#undef QO_DP
+#undef QO_STEP
+#undef QO_STORE
+
+/* rows [0, rows) of A x packed panel P, one K block (kn groups of 4 from group kb) */
+VNNI_TARGET static void qo_kblock(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t kb,
+                                  int64_t kn, const int32_t *corr, int32_t *out, int64_t ldo, int64_t cols) {
+    for (int64_t m = 0; m < rows; m += QO_MR) {
+        const uint8_t *a = A + m * lda + 4 * kb;
+        const int8_t *pk = P + kb * 256;
+        int32_t *o = out + m * ldo;
+        switch (rows - m < QO_MR ? (int)(rows - m) : QO_MR) {
+        case 1: qo_block(a, lda, 1, pk, kn, corr, o, ldo, cols); break;
+        case 2: qo_block(a, lda, 2, pk, kn, corr, o, ldo, cols); break;
+        case 3: qo_block(a, lda, 3, pk, kn, corr, o, ldo, cols); break;
+        case 4: qo_block(a, lda, 4, pk, kn, corr, o, ldo, cols); break;
+        case 5: qo_block(a, lda, 5, pk, kn, corr, o, ldo, cols); break;
+        default: qo_block(a, lda, 6, pk, kn, corr, o, ldo, cols); break;
+        }
+    }
+}
+
+/* one work item: `rows` (<= QO_MC) rows of the u8 buffer (from A) against packed panel P (k4n
+ * groups of 4, corrections cs), into out.  K runs in blocks of QO_KC4 groups (a 32 KiB panel
+ * slice, L1/L2-resident while every row block of the item streams it: with all of a K = 4608
+ * panel, 295 KiB, the kernel fell from ~86 % to ~60 % of the VNNI peak); the first block writes
+ * out, the others write tmp (QO_MC x 64 int32), added to out. */
+VNNI_TARGET static void qo_rows(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t k4n,
+                                const int32_t *cs, int32_t *out, int64_t ldo, int64_t cols, int32_t *tmp) {
+    static const int32_t zeros[64] = {0};
+    const int64_t nkb = (k4n + QO_KC4 - 1) / QO_KC4, kc = (k4n + nkb - 1) / nkb;   /* equal blocks */
+    for (int64_t kb = 0; kb < k4n; kb += kc) {
+        const int64_t kn = k4n - kb < kc ? k4n - kb : kc;
+        const int32_t *corr = kb + kn == k4n ? cs : zeros;
+        if (kb == 0) {
+            qo_kblock(A, lda, rows, P, kb, kn, corr, out, ldo, cols);
+            continue;
+        }
+        qo_kblock(A, lda, rows, P, kb, kn, corr, tmp, 64, cols);
+        for (int64_t i = 0; i < rows; i++) {
+            int32_t *o = out + i * ldo;
+            const int32_t *t = tmp + i * 64;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) o[j] = (int32_t)((uint32_t)o[j] + (uint32_t)t[j]);
+        }
+    }
+}
+
+#endif /* QI8_OUTER_AVX512_H */
