@@ -176,6 +176,58 @@ def portable() -> bool:
     return _env.get("TESSERA_OPENCL_PORTABLE") == "1"
 
 
+# TESSERA_OPENCL_EMULATE's names (tests only) -> the FEATURES key they emulate
+EMULABLE = {"subgroups": "subgroups", "int_dot": "integer_dot_product", "integer_dot_product": "integer_dot_product"}
+
+
+def emulated() -> frozenset:
+    """The features whose built-ins ``csrc/opencl/tessera_cl_emulate.h`` supplies (TESSERA_OPENCL_EMULATE,
+    comma-separated: ``subgroups``, ``int_dot``): for tests, which run the kernels' extension paths on
+    a device without the extensions.  Ignored under TESSERA_OPENCL_PORTABLE=1."""
+    spec = _env.get("TESSERA_OPENCL_EMULATE")
+    if not spec:
+        return frozenset()
+    out = set()
+    for name in filter(None, (n.strip().lower() for n in spec.split(","))):
+        if name not in EMULABLE:
+            raise ValueError(f"TESSERA_OPENCL_EMULATE={spec!r}: unknown feature {name!r} "
+                             f"(known: {', '.join(sorted(EMULABLE))})")
+        out.add(EMULABLE[name])
+    return frozenset(out)
+
+
+def paths(rt: "Runtime | None" = None) -> dict:
+    """The path each optional feature takes in the kernels built now: ``"device"`` (the device's
+    extension), ``"emulated"`` (tessera_cl_emulate.h, tests) or ``"portable"`` -- for fp16
+    arithmetic, sub-group reductions and integer dot products (`tessera info` prints it)."""
+    rt = rt or runtime()
+    if portable():
+        return {f: "portable" for f in FEATURES}
+    emu = emulated()
+    out = {}
+    for f, names in FEATURES.items():
+        has = any(n in rt.extensions for n in names)
+        out[f] = "emulated" if f in emu else "device" if has else "portable"
+    return out
+
+
+def _cl_std(rt: Runtime, feats: dict) -> str:
+    """-cl-std of a build: OpenCL C 1.2, the kernels' language, unless a device extension path
+    needs the built-ins a compiler declares only for OpenCL C >= 2.0 (cl_khr_subgroups without
+    cl_intel_subgroups, cl_khr_integer_dot_product): then the device's own OpenCL C version
+    (kernels written for 1.2 are valid OpenCL C 2.0 / 3.0)."""
+    needs = feats.get("integer_dot_product") == "device" or (
+        feats.get("subgroups") == "device" and "cl_intel_subgroups" not in rt.extensions)
+    if needs:
+        try:
+            major, minor = rt.device.opencl_c_version.split()[2].split(".")[:2]
+            if int(major) >= 2:
+                return f"CL{int(major)}.{int(minor)}"
+        except (IndexError, ValueError):
+            pass
+    return "CL1.2"
+
+
 # ----------------------------------------------------------------------------- programs
 
 def _source_hash(source: Path) -> str:
@@ -195,10 +247,17 @@ def program(source: Path, defines: dict | None = None):
     Memoised per process; binaries are cached on disk (see the module docstring)."""
     rt = runtime()
     defs = dict(defines or {})
+    feats = paths(rt)
     defs["TSR_HAS_FP16"] = int(rt.fp16 and not portable())
     defs["TSR_PORTABLE"] = int(portable())  # recorded in the options (and the cache key) either way
+    defs["TSR_HAS_SUBGROUPS"] = int(feats["subgroups"] != "portable")
+    defs["TSR_HAS_INT_DOT"] = int(feats["integer_dot_product"] != "portable")
+    if feats["subgroups"] == "emulated":   # tests only; in the options, so in the binary cache key
+        defs["TSR_EMULATE_SUBGROUPS"] = 1
+    if feats["integer_dot_product"] == "emulated":
+        defs["TSR_EMULATE_INT_DOT"] = 1
     # -I the source's folder too: an op family's header beside its .cl (hashed into the key above)
-    opts = ["-cl-std=CL1.2", "-I", str(CL_SRC), "-I", str(source.parent)] + \
+    opts = [f"-cl-std={_cl_std(rt, feats)}", "-I", str(CL_SRC), "-I", str(source.parent)] + \
         [f"-D{k}={v}" for k, v in sorted(defs.items())]
     memo = (source, tuple(opts))
     prg = rt.programs.get(memo)
@@ -399,6 +458,7 @@ def describe(probe: bool = True) -> dict:
             rt = runtime()
             info["zero_copy"] = rt.zero_copy
             info["fp16_arithmetic"] = bool(rt.fp16 and not portable())
+            info["paths"] = paths(rt)
         except Exception as e:  # a device that lists but cannot create a context: show why
             info["zero_copy"] = f"probe failed: {type(e).__name__}: {e}"
     return info
@@ -431,6 +491,8 @@ def vec_local_size(n: int) -> int:
     if cpu is None:
         t = _cl().device_type
         cpu = rt._tsr_cpu = bool(rt.device.type & t.CPU) and not rt.device.type & t.GPU
+    if cpu and _env.get("TESSERA_OPENCL_EMULATE") and paths(rt)["subgroups"] == "emulated":
+        cpu = False   # tests: emulated sub-groups need several per work-group (the combine step)
     return 1 if cpu else row_local_size(-(-n // 8))
 
 

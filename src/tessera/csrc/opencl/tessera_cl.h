@@ -17,6 +17,50 @@
 #define TSR_DTYPE 0
 #endif
 
+/* ---- optional extensions (opencl.py's build options; see the module docstring there) ----
+ * TSR_HAS_SUBGROUPS  sub-group reductions in tsr_wg_sum / tsr_wg_max / tsr_wg_min_int
+ * TSR_HAS_INT_DOT    cl_khr_integer_dot_product's dot() in tsr_dot4 / tsr_dot4_su and the int8 GEMMs
+ * Both 0 on the portable path.  TSR_EMULATE_SUBGROUPS / TSR_EMULATE_INT_DOT (tests only:
+ * TESSERA_OPENCL_EMULATE) supply the built-ins in plain OpenCL C 1.2 (tessera_cl_emulate.h), so
+ * the extension paths run, and are checked, on a device that has neither.  A device that lists
+ * an extension whose built-ins its compiler does not declare at the chosen -cl-std gets the
+ * portable path (the feature macros are the compiler's word). */
+#ifndef TSR_HAS_SUBGROUPS
+#define TSR_HAS_SUBGROUPS 0
+#endif
+#ifndef TSR_HAS_INT_DOT
+#define TSR_HAS_INT_DOT 0
+#endif
+#ifndef TSR_EMULATE_SUBGROUPS
+#define TSR_EMULATE_SUBGROUPS 0
+#endif
+#ifndef TSR_EMULATE_INT_DOT
+#define TSR_EMULATE_INT_DOT 0
+#endif
+#if TSR_EMULATE_SUBGROUPS || TSR_EMULATE_INT_DOT
+#include "tessera_cl_emulate.h"
+#endif
+#if TSR_HAS_SUBGROUPS && !TSR_EMULATE_SUBGROUPS
+#if defined(cl_khr_subgroups)
+#pragma OPENCL EXTENSION cl_khr_subgroups : enable
+#elif defined(cl_intel_subgroups)
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#elif !defined(__opencl_c_subgroups)
+#undef TSR_HAS_SUBGROUPS
+#define TSR_HAS_SUBGROUPS 0
+#endif
+#endif
+#if TSR_HAS_INT_DOT && !TSR_EMULATE_INT_DOT
+#if defined(__opencl_c_integer_dot_product_input_4x8bit)
+#ifdef cl_khr_integer_dot_product
+#pragma OPENCL EXTENSION cl_khr_integer_dot_product : enable
+#endif
+#else
+#undef TSR_HAS_INT_DOT
+#define TSR_HAS_INT_DOT 0
+#endif
+#endif
+
 inline float tsr_bf16_to_f32(ushort u) { return as_float(((uint)u) << 16); }
 
 inline ushort tsr_f32_to_bf16(float f) {
@@ -72,9 +116,56 @@ inline float tsr_exp(float x) {
     return p * as_float((k1 + 127) << 23) * as_float((k2 + 127) << 23);
 }
 
-/* Work-group sum of one float per work-item through local memory (size = local size, a power
- * of two).  Every work-item gets the total.  The tree keeps fp32 rounding order fixed for a given
- * local size, so a kernel's result does not depend on scheduling. */
+/* ---- work-group reductions: tsr_wg_sum / tsr_wg_max / tsr_wg_min_int ----
+ * One value per work-item in, the work-group's result out to every work-item.  Every work-item
+ * of the (1-D) work-group must make the call (the helpers hold barriers), and `scratch` holds at
+ * least one 4-byte element per work-item; it may be reused right after the call.  Callers never
+ * pass NaN to tsr_wg_max (their per-work-item maxima skip NaN, or are integer order keys), so
+ * both implementations return the same maximum; sums are within rounding of each other.
+ *
+ * With sub-groups (TSR_HAS_SUBGROUPS: cl_khr_subgroups or cl_intel_subgroups, set by opencl.py
+ * unless TESSERA_OPENCL_PORTABLE=1): the warp-shuffle reduction of CUDA / HIP.  Each sub-group
+ * reduces its values with sub_group_reduce_add / _max / _min (in registers, no local memory),
+ * its first work-item writes the partial to scratch[sub-group id], and after one barrier every
+ * work-item combines the get_num_sub_groups() partials in sub-group order: every work-item
+ * gets the same value (the same partials in the same order, also when the last sub-group is
+ * partial), and a work-group of L work-items passes 2 barriers instead of log2(L) + 2.
+ * Portable: a fixed tree through local memory (the local size a power of two).  Either way the
+ * rounding order is fixed for a device and local size, so results do not depend on scheduling. */
+#if TSR_HAS_SUBGROUPS
+inline float tsr_wg_sum(float v, __local float *scratch) {
+    const float part = sub_group_reduce_add(v);
+    const uint ns = get_num_sub_groups();
+    if (get_sub_group_local_id() == 0) scratch[get_sub_group_id()] = part;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float total = scratch[0];
+    for (uint k = 1; k < ns; k++) total += scratch[k];
+    barrier(CLK_LOCAL_MEM_FENCE);  /* scratch may be reused right after */
+    return total;
+}
+
+inline float tsr_wg_max(float v, __local float *scratch) {
+    const float part = sub_group_reduce_max(v);
+    const uint ns = get_num_sub_groups();
+    if (get_sub_group_local_id() == 0) scratch[get_sub_group_id()] = part;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float total = scratch[0];
+    for (uint k = 1; k < ns; k++) total = fmax(total, scratch[k]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+inline int tsr_wg_min_int(int v, __local int *scratch) {
+    const int part = sub_group_reduce_min(v);
+    const uint ns = get_num_sub_groups();
+    if (get_sub_group_local_id() == 0) scratch[get_sub_group_id()] = part;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int total = scratch[0];
+    for (uint k = 1; k < ns; k++) total = min(total, scratch[k]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+#else
 inline float tsr_wg_sum(float v, __local float *scratch) {
     const int lid = get_local_id(0), n = get_local_size(0);
     scratch[lid] = v;
@@ -100,6 +191,41 @@ inline float tsr_wg_max(float v, __local float *scratch) {
     barrier(CLK_LOCAL_MEM_FENCE);
     return total;
 }
+
+inline int tsr_wg_min_int(int v, __local int *scratch) {
+    const int lid = get_local_id(0), n = get_local_size(0);
+    scratch[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = n >> 1; s > 0; s >>= 1) {
+        if (lid < s) scratch[lid] = min(scratch[lid], scratch[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const int total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+#endif
+
+/* ---- 4 x 8-bit integer dot products: tsr_dot4 / tsr_dot4_su ----
+ * sum of a.i * b.i over the 4 lanes, each product widened to int (exact: |sum| <= 4 * 2^14).
+ * With TSR_HAS_INT_DOT (cl_khr_integer_dot_product, set by opencl.py unless
+ * TESSERA_OPENCL_PORTABLE=1) the extension's non-saturating dot(char4, char4) /
+ * dot(char4, uchar4), one instruction on devices that accelerate it; the caller adds the result
+ * to an int accumulator with plain (wrapping) addition -- never dot_acc_sat, which saturates
+ * and would break the wrapping int32 contract of the other backends.  Portable: the widened
+ * sum.  Integer kernels use these only under `#if TSR_HAS_INT_DOT` (their portable loops keep
+ * the scalar form a CPU compiler vectorises best). */
+#if TSR_HAS_INT_DOT
+inline int tsr_dot4(char4 a, char4 b) { return dot(a, b); }
+inline int tsr_dot4_su(char4 a, uchar4 b) { return dot(a, b); }
+#else
+inline int tsr_dot4(char4 a, char4 b) {
+    return ((int)a.x * (int)b.x + (int)a.y * (int)b.y) + ((int)a.z * (int)b.z + (int)a.w * (int)b.w);
+}
+inline int tsr_dot4_su(char4 a, uchar4 b) {
+    return ((int)a.x * (int)b.x + (int)a.y * (int)b.y) + ((int)a.z * (int)b.z + (int)a.w * (int)b.w);
+}
+#endif
 
 /* ---- 8-wide row access: tsr_ld8 / tsr_st8 / tsr_ld8f (memory-bound row kernels) ----
  * tsr_ld8(p, o) is p[o .. o+7] as a float8, tsr_st8(p, o, v) stores v there rounded to the storage

@@ -88,6 +88,37 @@ inline T_T hsum8(float8 v) {
         }
 #define ZC_T float
 #define ZC_OF(z) (8388608.0f + (float)(z))   /* 2^23 + z: see GROUP_SUMS */
+#elif TSR_HAS_INT_DOT
+/* W4A8 group sums with cl_khr_integer_dot_product (tessera_cl.h tsr_dot4_su; emulated in tests):
+ * 2 weight bytes = 4 codes q against 4 x values, one dot(char4 x, uchar4 q) each, and the zero
+ * point once per group: sum x (q - z) = sum x q - z * sum x.  Exact int32 sums, so the same
+ * integers as the scalar loop below (GB = G / 2 is even). */
+#define GROUP_SUMS(DR, DC)                                                                        \
+        int acc[DR][DC], xs[DR];                                                                \
+        _Pragma("unroll") for (int r = 0; r < DR; r++) {                                        \
+            xs[r] = 0;                                                                          \
+            _Pragma("unroll") for (int c = 0; c < DC; c++) acc[r][c] = 0;                       \
+        }                                                                                       \
+        for (long j = 0; j < GB; j += 2) {                                                      \
+            const long k = 2 * (g * GB + j);                                                    \
+            char4 x4[DR];                                                                       \
+            _Pragma("unroll") for (int r = 0; r < DR; r++) {                                    \
+                x4[r] = (char4)(xr[r][k], xr[r][k + 1], xr[r][k + 2], xr[r][k + 3]);            \
+                xs[r] += tsr_dot4(x4[r], (char4)(1));                                           \
+            }                                                                                   \
+            _Pragma("unroll") for (int c = 0; c < DC; c++) {                                    \
+                const uchar b0 = wb[c][j], b1 = wb[c][j + 1];                                   \
+                const uchar4 q4 = (uchar4)((uchar)(b0 & 15), (uchar)(b0 >> 4), (uchar)(b1 & 15), (uchar)(b1 >> 4)); \
+                _Pragma("unroll") for (int r = 0; r < DR; r++) acc[r][c] += tsr_dot4_su(x4[r], q4); \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("unroll") for (int c = 0; c < DC; c++) {                                        \
+            const T_T s = ws[nn[c] * NG + g];                                                   \
+            _Pragma("unroll") for (int r = 0; r < DR; r++)                                      \
+                t[r][c] += (T_T)(acc[r][c] - zc[c] * xs[r]) * s;                                \
+        }
+#define ZC_T int
+#define ZC_OF(z) ((int)(z))
 #else
 /* W4A8 group sums: exact int32, a scalar loop (integer sums vectorise as written) */
 #define GROUP_SUMS(DR, DC)                                                                        \

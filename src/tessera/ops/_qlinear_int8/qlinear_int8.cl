@@ -44,6 +44,23 @@ __kernel void qi8_quant_rows(__global const TSR_T *x, long ldx, long K, __global
 #else
 #define DOT_KC 256L
 #endif
+/* QI8_INT_DOT (qlinear_int8.h): the k loop first takes 4 k at a time as char4 dot products (four
+ * scalar loads build each char4: any alignment), then the scalar loop below finishes K % 4 */
+#if QI8_INT_DOT
+#define DOT4_STEPS(DR, DC)                                                                        \
+        long k1 = k0;                                                                           \
+        for (; k1 + 4 <= min(K, k0 + DOT_KC); k1 += 4) {                                        \
+            char4 av4[DR], wv4[DC];                                                             \
+            _Pragma("unroll") for (int r = 0; r < DR; r++)                                      \
+                av4[r] = (char4)(ar[r][k1], ar[r][k1 + 1], ar[r][k1 + 2], ar[r][k1 + 3]);       \
+            _Pragma("unroll") for (int c = 0; c < DC; c++)                                      \
+                wv4[c] = (char4)(wr[c][k1], wr[c][k1 + 1], wr[c][k1 + 2], wr[c][k1 + 3]);       \
+            _Pragma("unroll") for (int r = 0; r < DR; r++)                                      \
+                _Pragma("unroll") for (int c = 0; c < DC; c++) s[r][c] += tsr_dot4(av4[r], wv4[c]); \
+        }
+#else
+#define DOT4_STEPS(DR, DC) const long k1 = k0;
+#endif
 #define DOT_ARGS (__global const A_T *a, long lda, __global const char *w, long M, long N, long K,      \
                   __global const float *sx, __global const float *sw, __global const float *bias,      \
                   int has_bias, int act, __global Y_T *y)
@@ -61,7 +78,8 @@ __kernel void qi8_quant_rows(__global const TSR_T *x, long ldx, long K, __global
         int s[DR][DC];                                                                          \
         _Pragma("unroll") for (int r = 0; r < DR; r++)                                          \
             _Pragma("unroll") for (int c = 0; c < DC; c++) s[r][c] = 0;                         \
-        for (long k = k0; k < min(K, k0 + DOT_KC); k++) {                                       \
+        DOT4_STEPS(DR, DC)                                                                      \
+        for (long k = k1; k < min(K, k0 + DOT_KC); k++) {                                       \
             int av[DR], wv[DC];                                                                 \
             _Pragma("unroll") for (int r = 0; r < DR; r++) av[r] = ar[r][k];                    \
             _Pragma("unroll") for (int c = 0; c < DC; c++) wv[c] = wr[c][k];                    \

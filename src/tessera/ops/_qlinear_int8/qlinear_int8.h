@@ -26,6 +26,11 @@
 #define ACC_T long
 #define QMAXA 32767.0f
 #endif
+/* QI8_INT_DOT: the K loops of 8-bit a take 4 k at a time through tsr_dot4 (tessera_cl.h:
+ * cl_khr_integer_dot_product's non-saturating dot(char4, char4) where the device has it, or
+ * emulated in tests), added to int sums with plain wrapping addition: the same integers as the
+ * portable loops (exact sums; the int32 wrap of the contract is the same in any order). */
+#define QI8_INT_DOT (TSR_HAS_INT_DOT && ABITS == 8)
 #if OUT_INT
 #define Y_T ACC_T
 #else

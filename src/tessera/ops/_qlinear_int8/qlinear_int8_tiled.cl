@@ -13,6 +13,8 @@
  *                 the same chunk of every x row (the NR rows stay in cache across the M rows) and
  *                 the L partial sums reduce through local memory.  16-bit a: the int32 lanes are
  *                 flushed into int64 every 16 chunks (<= 2^26 a lane, <= 2^29 their sum).
+ * QI8_INT_DOT (qlinear_int8.h, 8-bit a): qi8_mm's tiles hold char4 runs of 4 k and each work-item
+ *                 takes one tsr_dot4 per 4 k; qi8_gemv one per half chunk.  Same integers.
  * opencl.py runs these on GPU devices (and on any device when a test asks): they give the same
  * integers as qlinear_int8.cl's dot kernels (tests/test_qlinear_int8.py).
  */
@@ -37,13 +39,46 @@ __kernel __attribute__((reqd_work_group_size(W, W, 1)))
 void qi8_mm(__global const A_T *a, long lda, __global const char *w, long M, long N, long K,
             __global const float *sx, __global const float *sw, __global const float *bias, int has_bias,
             int act, __global Y_T *y) {
-    __local int As[TK][TM];
-    __local int Ws[TK][TN];
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * W + tx;
     const long n0 = (long)get_group_id(0) * TN, m0 = (long)get_group_id(1) * TM;
     ACC_T acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 4; c++) acc[r][c] = 0;
+#if QI8_INT_DOT
+    /* tiles of char4 (4 consecutive k of one row, zero padded): one dot product per 4 k */
+    __local char4 As4[TK / 4][TM];
+    __local char4 Ws4[TK / 4][TN];
+    for (long k0 = 0; k0 < K; k0 += TK) {
+        for (int t = 0; t < TM * (TK / 4) / (W * W); t++) {
+            const int e = tid + t * W * W, r = e / (TK / 4), kq = e % (TK / 4);
+            const long k = k0 + 4 * kq, m = m0 + r, n = n0 + r;
+            char4 av = (char4)(0), wv = (char4)(0);
+            if (m < M) {
+                __global const A_T *p = a + m * lda + k;
+                av = (char4)((char)(k < K ? p[0] : 0), (char)(k + 1 < K ? p[1] : 0), (char)(k + 2 < K ? p[2] : 0),
+                           (char)(k + 3 < K ? p[3] : 0));
+            }
+            if (n < N) {
+                __global const char *p = w + n * K + k;
+                wv = (char4)((char)(k < K ? p[0] : 0), (char)(k + 1 < K ? p[1] : 0), (char)(k + 2 < K ? p[2] : 0),
+                           (char)(k + 3 < K ? p[3] : 0));
+            }
+            As4[kq][r] = av;
+            Ws4[kq][r] = wv;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kq = 0; kq < TK / 4; kq++) {
+            char4 av[4], wv[4];
+            for (int r = 0; r < 4; r++) av[r] = As4[kq][ty + W * r];
+            for (int c = 0; c < 4; c++) wv[c] = Ws4[kq][tx + W * c];
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < 4; c++) acc[r][c] += tsr_dot4(av[r], wv[c]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
+    __local int As[TK][TM];
+    __local int Ws[TK][TN];
     for (long k0 = 0; k0 < K; k0 += TK) {
         /* tiles: element e = tid + t * W*W is (row e / TK, k e % TK): TK neighbours read one row's K run */
         for (int t = 0; t < TM * TK / (W * W); t++) {
@@ -77,6 +112,7 @@ void qi8_mm(__global const A_T *a, long lda, __global const char *w, long M, lon
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#endif
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 4; c++) {
             const long m = m0 + ty + W * r, n = n0 + tx + W * c;
@@ -107,8 +143,16 @@ __kernel void qi8_gemv(__global const A_T *a, long lda, __global const char *w, 
             int8 v[NR];
             for (int r = 0; r < NR; r++) v[r] = (int8)(0);
             for (long c = c0; c < min(K8, c0 + FLUSH * L); c += L) {
+#if QI8_INT_DOT   /* two char4 dot products per chunk, summed into lane 0 (hsum8 adds the zeros) */
+                const char8 x = vload8(c, am);
+                for (int r = 0; r < NR; r++) {
+                    const char8 wc = vload8(c, wr[r]);
+                    v[r].s0 += tsr_dot4(x.lo, wc.lo) + tsr_dot4(x.hi, wc.hi);
+                }
+#else
                 const int8 x = convert_int8(vload8(c, am));
                 for (int r = 0; r < NR; r++) v[r] += x * convert_int8(vload8(c, wr[r]));
+#endif
             }
             for (int r = 0; r < NR; r++) s[r] += hsum8(v[r]);
         }

@@ -68,20 +68,6 @@
 #define QMAX 7.0f
 #endif
 
-/* smallest int over the work-group (local size a power of two) */
-inline int wg_min_int(int v, __local int *s) {
-    const int lid = get_local_id(0), n = get_local_size(0);
-    s[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = n >> 1; h > 0; h >>= 1) {
-        if (lid < h) s[lid] = min(s[lid], s[lid + h]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const int r = s[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
 /* Order keys (exact): abs_key(v) orders nan0(|v|) (tessera_quant_cl.h); the int order of
  * val_key(v) is the order of nan0(v) (-0 as +0).  Integer max / min reductions vectorise where
  * float compare-and-select ones do not (PoCL), and give the same values. */
@@ -162,7 +148,7 @@ inline float2 stat_wg(__global const TSR_T *xr, long j0, long n, __local float *
                 first = (int)j;
                 break;
             }
-        first = wg_min_int(first, (__local int *)scratch);
+        first = tsr_wg_min_int(first, (__local int *)scratch);
         m = tsr_ld(xr, j0 + first);
     }
 #endif
