@@ -234,6 +234,29 @@ def test_conv2d_int8_golden(backend, gemm_path):
             assert y.is_contiguous(memory_format=fmt)
 
 
+@pytest.mark.parametrize("groups", [1, 2, 6])   # dense (im2col + GEMM), grouped, depthwise
+def test_int8_weight_memo_follows_in_place_updates(groups):
+    """The cpu kernels derive a permuted weight and its row sums once per weight tensor
+    (_library.per_tensor); an in-place update (version bump) or a new tensor must not reuse them."""
+    gen = torch.Generator().manual_seed(groups)
+    x = torch.randint(-128, 128, (2, 6, 7, 9), generator=gen, dtype=torch.int8)
+    w = torch.randint(-127, 128, (6, 6 // groups, 3, 3), generator=gen, dtype=torch.int8)
+    b = torch.randint(-1000, 1000, (6,), generator=gen, dtype=torch.int32)
+    m, s = torch.full((6,), 2**30, dtype=torch.int32), torch.full((6,), -6, dtype=torch.int32)
+    wl = w.reshape(6, -1).clone()
+    xl = torch.randint(-128, 128, (5, wl.shape[1]), generator=gen, dtype=torch.int8)
+    for step in range(3):
+        for xz in (3, -7):                      # the offset follows x_zp and the bias on every call
+            got = tessera.conv2d_int8(x, xz, w, b, m, s, 1, 1, 1, 1, groups, backend="cpu")
+            want = tessera.conv2d_int8(x, xz, w, b, m, s, 1, 1, 1, 1, groups, backend="reference")
+            assert torch.equal(got, want), (step, xz)
+            got = tessera.linear_int8_requant(xl, xz, wl, b, m, s, 1, backend="cpu")
+            assert torch.equal(got, tessera.linear_int8_requant(xl, xz, wl, b, m, s, 1, backend="reference"))
+        w.mul_(-1).add_(step)                   # in place: the memo must rebuild
+        wl.copy_(w.reshape(6, -1))
+        b = b + 5
+
+
 def test_conv2d_int8_bad_input():
     x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
     w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..._library import contiguous, new_output
+from ..._library import contiguous, new_output, per_tensor
 from ...backends import cpu
 from .._qlinear_int8.cpu import int_mm_forward
 from .ref import DTYPES  # noqa: F401
@@ -43,17 +43,6 @@ def forward(acc, multiplier, shift, zero_point, qmin, qmax, rounding, out_dtype)
     return requant_into(acc, multiplier, shift, None, zero_point, qmin, qmax, rounding, out)
 
 
-def offset(weight, bias, x_zero_point):
-    """int64 [N]: bias - x_zp * sum_k w[n, k] (weight [N, K] int8 contiguous)."""
-    N, K = weight.shape
-    off = new_output((N,), torch.int64, weight.device)
-    f = cpu.declare(_lib(), "tsr_rq_offset", "pllpilp")
-    rc = f(cpu.ptr(weight), N, K, cpu.ptr(bias), int(bias is not None and bias.dtype == torch.int64),
-           x_zero_point, cpu.ptr(off))
-    cpu.check_rc(rc, "requantize offset")
-    return off
-
-
 def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype):
     """x [M, K] int8 row view, weight [N, K] int8 contiguous, bias int32 [N] or None."""
     M, N = x.shape[0], weight.shape[0]
@@ -61,7 +50,8 @@ def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_po
     if M == 0 or N == 0:
         return out
     acc = int_mm_forward(x, weight)
-    return requant_into(acc, multiplier, shift, offset(weight, bias, x_zero_point), out_zero_point, qmin, qmax,
+    wsum = per_tensor(weight, "rowsum", lambda: weight.sum(1, dtype=torch.int64))
+    return requant_into(acc, multiplier, shift, _offset(wsum, bias, x_zero_point), out_zero_point, qmin, qmax,
                         rounding, out)
 
 
@@ -89,6 +79,20 @@ def _channels_last(x):
     return xc.permute(0, 3, 1, 2)
 
 
+def _gemm_weight(weight, order):
+    """(w2 [O, K] in the im2col column order, its int64 row sums): derived once per weight tensor
+    (per_tensor) -- the permute of a 512x512x3x3 weight cost 1.2 ms, more than its GEMM."""
+    O = weight.shape[0]
+    w2 = (contiguous(weight.permute(0, 2, 3, 1)) if order else weight).reshape(O, -1)
+    return w2, w2.sum(1, dtype=torch.int64)
+
+
+def _offset(wsum, bias, x_zero_point):
+    """int64 [O]: bias - x_zp * sum_k w[o, k] (module docstring), from the cached row sums."""
+    off = wsum * -x_zero_point
+    return off if bias is None else off.add_(bias)
+
+
 def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype,
                  stride, padding, dilation, groups, Ho, Wo):
     """x [N, C, H, W] int8/int16 (any strides); weight [O, C/g, kh, kw] int8 contiguous.
@@ -109,8 +113,8 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
         # rows it feeds) buys the memcpy gather; the per-element NCHW gather was ~15x slower
         x = _channels_last(x)
     cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
-    w2 = (contiguous(weight.permute(0, 2, 3, 1)) if order else weight).reshape(O, Cg * kh * kw)
-    off = offset(w2, bias, x_zero_point)
+    w2, wsum = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
+    off = _offset(wsum, bias, x_zero_point)
     Og, Kg = O // groups, Cg * kh * kw
     per_ch = multiplier.numel() > 1
     for g in range(groups):
@@ -128,13 +132,18 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
     Nb, C, H, W = x.shape
     kh, kw = weight.shape[2:]
     x = _channels_last(x)   # the channel loop unit-stride (vectorised)
-    w2 = weight.reshape(C, kh * kw)
-    wt = contiguous(w2.t().to(torch.int32))          # taps-major [kh*kw, C]
+    wt, wsum = per_tensor(weight, "conv2d_int8_dw", lambda: _dw_weight(weight))
     acc64 = x.dtype == torch.int16
     acc = new_output((Nb * Ho * Wo, C), torch.int64 if acc64 else torch.int32, x.device)
     f = cpu.declare(_lib(), "tsr_dw_acc", "pi" + "l" * 8 + "p" + "l" * 11 + "pii")
     rc = f(cpu.ptr(x), x.element_size(), Nb, C, H, W, *x.stride(), cpu.ptr(wt), kh, kw, *stride, *padding,
            *dilation, Ho, Wo, x_zero_point, cpu.ptr(acc), int(acc64), cpu.threads_for(acc.numel() * kh * kw))
     cpu.check_rc(rc, "conv2d_int8 depthwise")
-    return requant_into(acc, multiplier, shift, offset(contiguous(w2), bias, x_zero_point), out_zero_point, qmin,
-                        qmax, rounding, out)
+    return requant_into(acc, multiplier, shift, _offset(wsum, bias, x_zero_point), out_zero_point, qmin, qmax,
+                        rounding, out)
+
+
+def _dw_weight(weight):
+    """(taps-major int32 [kh*kw, C], int64 row sums [C]) of a depthwise weight, once per tensor"""
+    w2 = weight.reshape(weight.shape[0], -1)
+    return contiguous(w2.t().to(torch.int32)), w2.sum(1, dtype=torch.int64)

@@ -1,8 +1,9 @@
 /* requant.c -- the integer-only pipeline's native CPU kernels (framework-free C11).
  *
  *   tsr_requant:  out[m, c] = clamp(MBQM(acc[m, c] + off[c], mult[c], shift[c]) + zp, qmin, qmax)
- *   tsr_rq_offset: off[n] = bias[n] - x_zp * sum_k w[n, k]   (int64: the zero-point correction
- *                  that lets the int8 GEMM run on the raw int8 x: sum (x - zp) w = sum x w - zp sum w)
+ *   (off[n] = bias[n] - x_zp * sum_k w[n, k], int64, is the zero-point correction that lets the int8
+ *    GEMM run on the raw int8 x: sum (x - zp) w = sum x w - zp sum w; cpu.py derives it from the
+ *    weight's row sums, computed once per weight tensor)
  *   tsr_im2col:   int8/int16 NCHW or NHWC input -> rows [N*Ho*Wo, groups * (C/g)*kh*kw] in
  *                  (group, channel, ky, kx) order, padding taps = x_zp (so the correction above
  *                  makes them contribute exactly 0, TFLite's rule)
@@ -268,19 +269,6 @@ int tsr_requant(const void *acc, int64_t sa, int acc64, const int32_t *mult, con
     return TSR_OK;
 }
 
-/* off[n] = (bias ? bias[n] : 0) - x_zp * sum_k w[n, k]; bias int32 or int64 (bias64) */
-int tsr_rq_offset(const int8_t *w, int64_t N, int64_t K, const void *bias, int bias64, int64_t xzp, int64_t *off) {
-    for (int64_t n = 0; n < N; n++) {
-        int64_t s = 0;
-        const int8_t *wr = w + n * K;
-#pragma omp simd reduction(+ : s)
-        for (int64_t k = 0; k < K; k++) s += wr[k];
-        const int64_t b = !bias ? 0 : bias64 ? ((const int64_t *)bias)[n] : ((const int32_t *)bias)[n];
-        off[n] = b - xzp * s;
-    }
-    return TSR_OK;
-}
-
 /* x: [N, C, H, W] with element strides (sn, sc, sh, sw) (any memory format), int8 (es 1) or
  * int16 (es 2) -> cols [N*Ho*Wo, C*kh*kw]; each group's columns are one contiguous slice.
  *   order 0 (NCHW x): column (c * kh + ky) * kw + kx, the weight's own [O, C/g, kh, kw] order
@@ -337,7 +325,7 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
 
 /* Depthwise (one input channel a group, one output per group) integer accumulator, no im2col:
  *   acc[(n, oy, ox), c] = sum_{ky, kx} xv * wt[ky * kw + kx, c],   xv = x[n, c, iy, ix] or x_zp
- * (a padding tap holds x_zp, as in tsr_im2col, so tsr_rq_offset's correction cancels it exactly).
+ * (a padding tap holds x_zp, as in tsr_im2col, so the offset's correction cancels it exactly).
  * wt is the weight widened to int32 and transposed to taps-major [kh*kw, C], so the loop over c is
  * unit-stride in wt, acc and -- for a channels-last x (sc == 1) -- in x: it vectorises.  int8 x:
  * int32 sums (exact: |sum| <= kh*kw * 2^15); int16 x: int64 sums (CMSIS-NN's s16 path). */

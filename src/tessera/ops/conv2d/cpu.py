@@ -12,7 +12,6 @@ zero-inserted by the stride and padded by d*(k-1) - pad, with the weight flipped
 """
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 
 import torch
@@ -88,26 +87,11 @@ def _pack_weight(weight, groups, transpose=False):
     return wp, cop
 
 
-_PACKS: dict = {}  # (id(weight), groups, transpose) -> (weakref, (version, ptr, strides, dtype), packed)
-
-
 def _packed_weight(weight, groups, transpose=False):
-    """``_pack_weight`` memoised per weight tensor: inference calls the same weight every time, and
-    packing a large weight (a 512x512x3x3 gather-transpose) can cost more than the conv itself.  The entry
-    is valid while the tensor object lives and its version counter, storage address, strides and
-    dtype are unchanged (an in-place update such as an optimizer step bumps the version and
-    repacks); it dies with the tensor.  Not used while a test places buffers (fence) or for
-    inference-mode tensors (no version counter)."""
-    if _library._PLACE[0] is not None or weight.is_inference():
-        return _pack_weight(weight, groups, transpose)
-    key = (id(weight), groups, transpose)
-    stamp = (weight._version, weight.data_ptr(), weight.stride(), weight.dtype)
-    ent = _PACKS.get(key)
-    if ent is not None and ent[0]() is weight and ent[1] == stamp:
-        return ent[2]
-    packed = _pack_weight(weight, groups, transpose)
-    _PACKS[key] = (weakref.ref(weight, lambda _r, k=key: _PACKS.pop(k, None)), stamp, packed)
-    return packed
+    """``_pack_weight`` memoised per weight tensor (``_library.per_tensor``): packing a large
+    weight (a 512x512x3x3 gather-transpose) can cost more than the conv itself."""
+    return _library.per_tensor(weight, ("conv2d", groups, transpose),
+                               lambda: _pack_weight(weight, groups, transpose))
 
 
 def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0)):
