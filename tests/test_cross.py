@@ -82,12 +82,20 @@ def test_bad_vlen_is_a_clear_error(monkeypatch):
 # what each target's hot kernels must contain: a silent scalar fallback has none of it
 VECTOR = {
     "cpu:aarch64": {"fp": [r"\bfmla\s+v\d+\.4s"], "quant": [r"\bfmul\s+v\d+\.4s"],
-                    "int": [r"\b(smull2?|smlal2?|sdot)\s+v\d+"],
+                    "int": [r"\b(smull2?|smlal2?)\s+v\d+"],
                     "conv": [r"\bfcvtl2?\s+v", r"\bfcvtn2?\s+v"]},
     "cpu:riscv64": {"fp": [r"\bvsetvli|\bvsetivli", r"\bvl(e|\dre)(8|16|32)\.v", r"\bvfmacc\.v|\bvfmadd\.v"],
                     "quant": [r"\bvsetvli|\bvsetivli", r"\bvfmul\.v"],
                     "int": [r"\bvsetvli|\bvsetivli", r"\bvwmacc\.v|\bvwmul\.v|\bvmacc\.v"],
                     "conv": [r"\bvsetvli", r"\bvzext\.vf2", r"\bvnsrl\.w"]},
+}
+
+
+# AArch64 int8 dot products, chosen at run time (tessera_neon_dot.h): the int8 GEMM's SDOT and SMMLA
+# micro-kernels, W4A8's SDOT on the nibbles (beside the plain NEON smull/smlal paths the entry needs)
+RUNTIME_KERNELS = {
+    "cpu:aarch64": {"tsr_qi8_mm": [r"\bsdot\s+v\d+\.4s", r"\bsmmla\s+v\d+\.4s"],
+                    "tsr_qlinear_int4": [r"\bsdot\s+v\d+\.4s"]},
 }
 
 
@@ -124,6 +132,102 @@ def test_hot_kernels_are_vectorised(backend):
                 "int" if fn == "tsr_qi8_mm" else "fp")
         for pat in VECTOR[backend][kind]:
             assert re.search(pat, body), f"{backend}: {fn} has no {pat!r}: a scalar build?"
+    # run-time-selected micro-kernels, anywhere below the entry point (called, not inlined)
+    for fn, pats in RUNTIME_KERNELS.get(backend, {}).items():
+        seen, todo, body = set(), [fn], ""
+        while todo:
+            f = todo.pop()
+            if f in seen or f not in fns or (f.startswith("__") or f in ("free", "malloc", "memcpy", "memset")):
+                continue
+            seen.add(f)
+            body += fns[f]
+            todo += re.findall(r"<([A-Za-z_][\w.]*)>", fns[f])
+        for pat in pats:
+            assert re.search(pat, body), f"{backend}: nothing under {fn} has {pat!r}"
+
+
+# ----------------------------------------------------------------------------- int8 dot products (AArch64)
+
+# SDOT Vd.4S, Vn.16B, Vm.16B and SMMLA Vd.4S, Vn.16B, Vm.16B: (mask, bits) of the A64 encodings
+_A64_OPS = {"sdot": (0xFFE0FC00, 0x4E809400), "smmla": (0xFFE0FC00, 0x4E80A400)}
+
+
+def _under_qemu_cpu(cpu: str, log: str, fn):
+    """fn() with the cpu:aarch64 calls served by a fresh runner under ``qemu -cpu <cpu>`` (the later
+    -cpu wins over the target's -cpu max) that logs every translated block's guest code to ``log``."""
+    r = cross.Runner("cpu:aarch64", qemu_extra=("-cpu", cpu, "-d", "in_asm", "-D", log))
+    key = cross._key("cpu:aarch64")
+    old = cross._runners.get(key)
+    cross._runners[key] = r
+    try:
+        return fn()
+    finally:
+        r.close()
+        if old is None:
+            cross._runners.pop(key, None)
+        else:
+            cross._runners[key] = old
+
+
+def _translated_ops(log: str) -> set[str]:
+    """Which of _A64_OPS appear in code qemu translated (a block is translated when first run)."""
+    words = {int(m.group(1), 16) for m in re.finditer(r"^0x[0-9a-f]+:\s+([0-9a-f]{8})\s", open(log).read(), re.M)}
+    return {op for op, (mask, bits) in _A64_OPS.items() if any(w & mask == bits for w in words)}
+
+
+def _int8_dot_workloads():
+    """int_mm (GEMV and GEMM loop orders, K tails of every length mod 16, 1..4-row blocks), linear_w8a8
+    and linear_w4a8 (with and without zero points) on fixed random data."""
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for M, K, N in [(1, 7, 5), (2, 16, 3), (3, 123, 9), (4, 64, 4), (5, 200, 13), (7, 1025, 6), (17, 77, 70),
+                    (22, 301, 130)]:
+        a = torch.randint(-128, 128, (M, K), generator=g, dtype=torch.int8)
+        b = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+        out.append(("int_mm", M, K, N, lambda a=a, b=b: tessera.int_mm(a, b, backend="cpu:aarch64"),
+                    (a.int() @ b.int().T)))
+    for M, K, N in [(1, 96, 7), (6, 257, 9), (19, 64, 66)]:
+        x = torch.randn(M, K, generator=g)
+        w = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+        sw = torch.rand(N, generator=g) + 0.5
+        out.append(("linear_w8a8", M, K, N, lambda x=x, w=w, sw=sw: tessera.linear_w8a8(x, w, sw, backend="cpu:aarch64"),
+                    None))
+    for M, K, N, G, zp in [(1, 128, 5, 32, True), (5, 384, 9, 128, False), (18, 256, 6, 64, True)]:
+        x = torch.randn(M, K, generator=g)
+        w = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+        s = torch.rand(N, K // G, generator=g) + 0.5
+        z = torch.randint(0, 16, (N, K // G), generator=g, dtype=torch.uint8) if zp else None
+        out.append(("linear_w4a8", M, K, N, lambda x=x, w=w, s=s, z=z, G=G: tessera.linear_w4a8(
+            x, w, s, z, group_size=G, backend="cpu:aarch64"), None))
+    return out
+
+
+# qemu CPU model -> the instructions it has (HWCAP): max both, Neoverse N1 SDOT only, Cortex-A57 neither
+_QEMU_CPUS = {"max": {"sdot", "smmla"}, "neoverse-n1": {"sdot"}, "cortex-a57": set()}
+
+
+@pytest.mark.skipif("cpu:aarch64" not in AVAILABLE, reason="no aarch64 toolchain / qemu here")
+def test_aarch64_int8_dot_paths_bit_exact_and_chosen_at_run_time(tmp_path, monkeypatch):
+    """The int8 GEMM (int_mm, linear_w8a8) and W4A8's int8 dots on cpu:aarch64: the SDOT and SMMLA
+    micro-kernels and the plain NEON loops give bit-identical results (int_mm: the exact product), and
+    the runner picks them at run time from the CPU's HWCAP bits: under each qemu CPU model and each
+    TESSERA_QI8_DOT setting, the instructions qemu translated are exactly the ones that path uses (a
+    CPU without them never reaches them: no SIGILL; a silent fallback to the plain loops fails)."""
+    work = _int8_dot_workloads()
+    base = None
+    for cpu, knob in [("max", "0"), ("max", "sdot"), ("max", ""), ("neoverse-n1", ""), ("cortex-a57", "")]:
+        monkeypatch.setenv("TESSERA_QI8_DOT", knob)
+        log = str(tmp_path / f"{cpu}-{knob or 'auto'}.log")
+        got = _under_qemu_cpu(cpu, log, lambda: [run() for *_, run, _ in work])
+        want_ops = set() if knob == "0" else _QEMU_CPUS[cpu] - ({"smmla"} if knob == "sdot" else set())
+        assert _translated_ops(log) == want_ops, (cpu, knob)
+        if base is None:
+            base = got
+        for (op, M, K, N, _, exact), y, y0 in zip(work, got, base):
+            bits = (lambda t: t.view(torch.int32) if t.is_floating_point() else t)
+            assert torch.equal(bits(y), bits(y0)), (op, M, K, N, cpu, knob)
+            if exact is not None:
+                assert torch.equal(y, exact), (op, M, K, N, cpu, knob)
 
 
 # ----------------------------------------------------------------------------- conversions

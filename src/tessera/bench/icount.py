@@ -16,9 +16,15 @@ instructions per element in both builds, which understates the ratio slightly).
 The portable baseline is the same runner built with the vector unit off (``-march=armv8-a+nosimd``,
 ``-march=rv64gc``: the kernels' vector-extension code lowers to scalar instructions), i.e. the
 portable C path of the same kernel.  RVV rows use ``TESSERA_RVV_VLEN`` (default 256).
+
+The int8 matmul rows (int_mm, linear_w8a8: 4 rows of K = n against N_OUT weight rows) count per
+multiply-accumulate (M x N_OUT x K) instead of per element.  On aarch64 each is measured once per
+micro-kernel the runner can choose at run time (``TESSERA_QI8_DOT``, _qlinear_int8/cross.py): SMMLA
+(FEAT_I8MM), SDOT (FEAT_DotProd) and the plain NEON loops, each against the same portable build.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -30,6 +36,11 @@ from ..backends import cross
 
 # (row name, op call) at a given row length: 4 rows, fp32 unless named
 M_ROWS = 4
+N_OUT = 32      # weight rows of the int8 matmul rows
+# the int8 matmul rows, counted per multiply-accumulate; on aarch64 once per micro-kernel:
+# row suffix -> TESSERA_QI8_DOT
+MATMUL_ROWS = ("int_mm int8 /MAC", "linear_w8a8 /MAC")
+AARCH64_DOT = {"SMMLA": "", "SDOT": "sdot", "NEON": "0"}
 
 
 def _workloads():
@@ -48,7 +59,40 @@ def _workloads():
         "dequantize int8->fp32": lambda b, n: tessera.dequantize_blocks(
             torch.randint(-127, 128, (M_ROWS, n), generator=g, dtype=torch.int8), torch.rand(M_ROWS, generator=g),
             None, block_rows=1, block=0, dtype=torch.float32, backend=b),
+        "int_mm int8 /MAC": lambda b, n: tessera.int_mm(
+            torch.randint(-128, 128, (M_ROWS, n), generator=g, dtype=torch.int8),
+            torch.randint(-128, 128, (N_OUT, n), generator=g, dtype=torch.int8), backend=b),
+        "linear_w8a8 /MAC": lambda b, n: tessera.linear_w8a8(
+            x(n), torch.randint(-127, 128, (N_OUT, n), generator=g, dtype=torch.int8),
+            torch.rand(N_OUT, generator=g) + 0.5, backend=b),
     }
+
+
+@contextlib.contextmanager
+def _setenv(name: str, value):
+    """``name=value`` for the block (None: left as it is)."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+
+
+def _rows(target: str):
+    """(row name, workload, TESSERA_QI8_DOT or None, elements per unit of n)"""
+    for op, run in _workloads().items():
+        per = M_ROWS * (N_OUT if op in MATMUL_ROWS else 1)
+        if op in MATMUL_ROWS and target == "aarch64":
+            for kern, knob in AARCH64_DOT.items():
+                yield f"{op} {kern}", op, run, knob, per
+        else:
+            yield op, op, run, None, per
 
 
 def _count(name: str, portable: bool, run, n: int) -> int:
@@ -93,13 +137,18 @@ def per_element(target: str, n: int = 1024) -> list[dict]:
     ok, why = cross.available(name, torch.device("cpu"))
     if not ok:
         raise RuntimeError(why)
-    rows = []
-    for op, run in _workloads().items():
+    rows, portable_of = [], {}
+    for row, op, run, knob, elems in _rows(target):
         per = {}
         for portable in (False, True):
-            a, b = _count(name, portable, run, n), _count(name, portable, run, 2 * n)
-            per[portable] = (b - a) / (M_ROWS * n)
-        rows.append({"op": op, "vector": per[False], "portable": per[True], "ratio": per[True] / per[False]})
+            if portable and op in portable_of:   # one portable build: the same count for every variant
+                per[True] = portable_of[op]
+                continue
+            with _setenv("TESSERA_QI8_DOT", knob):
+                a, b = _count(name, portable, run, n), _count(name, portable, run, 2 * n)
+            per[portable] = (b - a) / (elems * n)
+        portable_of[op] = per[True]
+        rows.append({"op": row, "vector": per[False], "portable": per[True], "ratio": per[True] / per[False]})
     return rows
 
 
@@ -109,7 +158,9 @@ def report(target: str, n: int = 1024) -> str:
     isa = f"RVV 1.0, VLEN {cross.rvv_vlen()}" if t.arch == "riscv64" else "NEON (Armv8.0)"
     out = [f"dynamic instructions per element, {target} ({isa}) vs portable C (vector unit off); "
            f"{M_ROWS} rows x {n}..{2 * n}, qemu in_asm+exec trace",
-           f"{'op':<24}{'vector':>10}{'portable':>10}{'ratio':>8}"]
+           f"{'op':<28}{'vector':>10}{'portable':>10}{'ratio':>8}"]
     for r in rows:
-        out.append(f"{r['op']:<24}{r['vector']:>10.2f}{r['portable']:>10.2f}{r['ratio']:>7.1f}x")
+        out.append(f"{r['op']:<28}{r['vector']:>10.3f}{r['portable']:>10.3f}{r['ratio']:>7.1f}x")
+    out.append(f"(/MAC rows: per multiply-accumulate, {M_ROWS} x {N_OUT} outputs; aarch64 SMMLA / SDOT / NEON: "
+               f"the int8 micro-kernel the runner chose, TESSERA_QI8_DOT)")
     return "\n".join(out)

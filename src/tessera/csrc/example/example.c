@@ -66,7 +66,9 @@ int main(void) {
     for (int i = 0; i < M; i++) xa[i * N + i] = (i % 2) ? -127.0f : 127.0f;   /* max |row| = 127 */
     for (int i = 0; i < NO * N; i++) wq[i] = (int8_t)((i * 53 + 7) % 255 - 127);
     for (int n = 0; n < NO; n++) ws[n] = 0.01f * (float)(n + 1);
-    rc = tsr_qi8_mm(xa, N, TSR_F32, 8, M, N, wq, NO, ws, NULL, 0, ya, TSR_F32, 0, 1);
+    /* vnni_ok = 1: the CPU's own dot-product instructions where it has them (x86 AVX512-VNNI,
+     * Arm SDOT/SMMLA, chosen at run time), the portable loops elsewhere; 0 forces the portable loops */
+    rc = tsr_qi8_mm(xa, N, TSR_F32, 8, M, N, wq, NO, ws, NULL, 0, ya, TSR_F32, 1, 1);
     if (rc != TSR_OK) { printf("tessera example: linear_w8a8 returned %d\n", rc); return 1; }
     for (int i = 0; i < M; i++)
         for (int n = 0; n < NO; n++) {

@@ -40,6 +40,10 @@
  *          vector code (true fp32 division, RNE: the same integers as the scalar contract).
  *          Decode: 4 weight rows per work item, x rows in sub-blocks of 4/2/1 (register
  *          accumulators), the next item's 8 KB prefetched while the current one is computed.
+ * AArch64 W4A8 (the cpu:aarch64 runner): where getauxval's HWCAP says the CPU has SDOT
+ *          (FEAT_DotProd; tessera_neon_dot.h), the portable loop's group sums run as SDOT on the
+ *          nibbles minus the zero point ((q - z) in [-15, 15]: exact int8 operands) against the
+ *          permuted qx; same exact acc_g, same float epilogue.  force_c = 1 keeps the plain loop.
  * Portable C computes the same integers in the same groups (any ISA, any compiler).
  */
 #include "tessera_quant.h"
@@ -174,6 +178,39 @@ static void w4a8_tile_c(const uint8_t *w, const float *ws, const uint8_t *wz, co
 
 #include "qlinear_int4_avx512.h"
 
+#if defined(__aarch64__)
+/* ------------------------------------------------------------------ AArch64 SDOT (W4A8) */
+#include "tessera_neon_dot.h"
+#endif
+#if defined(TSR_NEON_DOT)
+/* w4a8_tile_c with each run's integer sum on SDOT (runs are multiples of 16 bytes: G / 2 in
+ * {16, 32, 64} and the 64-byte chunk edges are multiples of 16) */
+TSR_DOTPROD_TARGET static void w4a8_tile_sdot(const uint8_t *w, const float *ws, const uint8_t *wz, const int8_t *qx,
+                                              const float *sxs, float *yt, int64_t m0, int64_t m1, int64_t n0,
+                                              int64_t n1, int64_t K, int64_t G) {
+    const int64_t KG = K / G, KB = K / 2, Kc = (K + 127) / 128 * 128;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wr = w + n * KB;
+        for (int64_t m = m0; m < m1; m++) {
+            const int8_t *xr = qx + m * Kc;
+            float t = 0.0f;
+            for (int64_t g = 0; g < KG; g++) {
+                const int8x16_t zv = vdupq_n_s8((int8_t)(wz ? wz[n * KG + g] : 8));
+                int32x4_t acc = vdupq_n_s32(0);
+                for (int64_t b0 = g * G / 2, be = (g + 1) * G / 2; b0 < be;) {
+                    const int64_t j0 = b0 % 64, r = 64 - j0 < be - b0 ? 64 - j0 : be - b0;
+                    const int8_t *x0 = xr + b0 / 64 * 128 + j0;
+                    acc = tsr_sdot_nibbles(acc, wr + b0, x0, x0 + 64, r, zv);
+                    b0 += r;
+                }
+                t += (float)vaddvq_s32(acc) * ws[n * KG + g];
+            }
+            yt[(m - m0) * 4 + (n - n0)] = sxs[m] * t;
+        }
+    }
+}
+#endif
+
 /* ------------------------------------------------------------------ driver */
 /* Epilogue of one tile (fp32 results yt[i * 4 + r]): bias, activation, conversion, store. */
 static void put_tile(const float *yt, int ldt, void *y, int dtype, const float *bias, int act, int64_t m0,
@@ -210,6 +247,9 @@ int tsr_qlinear_int4(int mode, const void *x, int64_t sx, int dtype, const uint8
     }
     int failed = mode == 0 ? !xp : (!qx || !xs || !sxs);
     const int fast = !force_c && qlin_fast_ok(mode);
+#if defined(TSR_NEON_DOT)
+    const int sdot = !force_c && mode == 1 && tsr_neon_dot_level() >= TSR_DOT_SDOT;
+#endif
     /* bf16 x below the GEMM sizes: vdpbf16ps on the bf16 bits (no fp32 copy of x) */
     const int dpbf16 = fast && mode == 0 && dtype == TSR_BF16 && M < 64 && qlin_bf16_ok();
     uint16_t *xb = NULL;
@@ -285,6 +325,9 @@ _Pragma("omp for schedule(dynamic, run) nowait")
                         else w4a16_tile_c(w, ws, wz, xp, yt, m0, m1, n0, n1, N, K, G);
                     } else {
                         if (fast) w4a8_tile_fast(w, ws, wz, qx, xs, sxs, yt, m0, m1, n0, n1, N, K, G);
+#if defined(TSR_NEON_DOT)
+                        else if (sdot) w4a8_tile_sdot(w, ws, wz, qx, sxs, yt, m0, m1, n0, n1, K, G);
+#endif
                         else w4a8_tile_c(w, ws, wz, qx, sxs, yt, m0, m1, n0, n1, N, K, G);
                     }
                     put_tile(yt, 4, y, dtype, bias, act, m0, m1, n0, n1, N);

@@ -35,6 +35,10 @@
  * activations once per panel (from L3).  AMX is not used (this CPU, AMD Zen 4, has none).
  * VNNI is chosen at run time (__builtin_cpu_supports("avx512vnni")) at the avx512 build level
  * (functions compiled with a target attribute); vnni_ok = 0 forces the portable code (tests).
+ * AArch64 (the cpu:aarch64 runner, -march=armv8-a): int8 blocks run SDOT (FEAT_DotProd) or SMMLA
+ * (FEAT_I8MM) micro-kernels (tessera_neon_dot.h) where getauxval's HWCAP bits say the CPU has them,
+ * else the portable loops (which gcc vectorises to smull/sadalp); there vnni_ok = 0 forces the
+ * portable loops, 2 SDOT even where SMMLA exists (tests), 1 the best the CPU has.
  */
 #include "tessera_quant.h"
 #include "qlinear_epilogue.h"
@@ -64,6 +68,7 @@ typedef struct {
     const int8_t *w; const float *wscale, *bias; int act;
     char *y; int ydtype;                 /* ydtype < 0: integer output (int32 / int64) */
     char *q; float *xs;                  /* activation buffer [M][Kp] and per-row scales */
+    int arm;                             /* AArch64 int8: TSR_DOT_SDOT / TSR_DOT_SMMLA kernels, 0: portable */
 } job_t;
 
 /* ------------------------------------------------------------------ phase 1: activations */
@@ -244,10 +249,56 @@ VNNI_TARGET static void block_vnni(const job_t *J, const char *X, int mb, const 
 }
 #endif
 
+#if defined(__aarch64__)
+/* ------------------------------------------------------------------ AArch64 SDOT / SMMLA micro-kernels */
+/* int8 only (A16W8 keeps the portable loops: no int16 x int8 dot instruction).  X holds q itself
+ * (SDOT and SMMLA are signed x signed: no +128 bias), rows zero-padded to Kp (a multiple of 64, so
+ * the kernels' 16-byte loads past K stay inside the row); weight rows are read as they are. */
+#include "tessera_neon_dot.h"
+#endif
+#if defined(TSR_NEON_DOT)
+#define QI8_ARM 1
+/* the kernels a call runs: vnni_ok 0 = portable, 2 = at most SDOT, else the best the CPU has */
+static int qi8_arm_level(int ok, int bits) {
+    const int have = bits == 8 && ok ? tsr_neon_dot_level() : TSR_DOT_NONE;
+    return ok == 2 && have > TSR_DOT_SDOT ? TSR_DOT_SDOT : have;
+}
+
+#define QI8_ARM_SWITCH(KERNEL)                                                                  \
+    switch (mb) {                                                                               \
+    case 1: tsr_sdot_4x4((const int8_t *)X, J->Kp, 1, Wr, J->K, r); break;                      \
+    case 2: KERNEL((const int8_t *)X, J->Kp, 2, Wr, J->K, r); break;                            \
+    case 3: KERNEL((const int8_t *)X, J->Kp, 3, Wr, J->K, r); break;                            \
+    default: KERNEL((const int8_t *)X, J->Kp, 4, Wr, J->K, r); break;                           \
+    }                                                                                           \
+    for (int i = 0; i < mb; i++)                                                                \
+        for (int j = 0; j < NB; j++) res[i * NB + j] = r[i * NB + j];
+
+TSR_DOTPROD_TARGET static void block_sdot(const job_t *J, const char *X, int mb, const int8_t *const *Wr,
+                                          int64_t *res) {
+    int32_t r[MB * NB];
+    QI8_ARM_SWITCH(tsr_sdot_4x4)
+}
+
+/* SMMLA pairs rows: a single row (mb = 1) takes SDOT */
+TSR_I8MM_TARGET static void block_smmla(const job_t *J, const char *X, int mb, const int8_t *const *Wr,
+                                        int64_t *res) {
+    int32_t r[MB * NB];
+    QI8_ARM_SWITCH(tsr_smmla_4x4)
+}
+#undef QI8_ARM_SWITCH
+#else
+#define QI8_ARM 0
+#endif
+
 static void block(const job_t *J, const char *X, int mb, const int8_t *const *Wr, int64_t *res, uint32_t *cs,
                   int with_cs) {
 #if QI8_VNNI
     if (J->vnni) { block_vnni(J, X, mb, Wr, res, cs, with_cs); return; }
+#endif
+#if QI8_ARM
+    if (J->arm == TSR_DOT_SMMLA) { block_smmla(J, X, mb, Wr, res); return; }
+    if (J->arm == TSR_DOT_SDOT) { block_sdot(J, X, mb, Wr, res); return; }
 #endif
     (void)cs; (void)with_cs;
     switch (mb) {
@@ -375,6 +426,9 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
     J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
     J.xs = tsr_scratch(M);
     if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
+#if QI8_ARM
+    J.arm = qi8_arm_level(vnni_ok, bits);
+#endif
     const int T = tsr_threads(nthreads);
     /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
 #if QI8_VNNI
