@@ -127,20 +127,21 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
 
 def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out,
                stride, padding, dilation, Ho, Wo):
-    """Depthwise conv (one input channel and one output a group): tsr_dw_acc's direct tap loop, not a
-    GEMM per group (thousands of tiny calls in MobileNetV2), then the same requantization."""
+    """Depthwise conv (one input channel and one output a group): tsr_dw_requant's direct tap loop,
+    not a GEMM per group (thousands of tiny calls in MobileNetV2), requantized row by row."""
     Nb, C, H, W = x.shape
     kh, kw = weight.shape[2:]
     x = _channels_last(x)   # the channel loop unit-stride (vectorised)
     wt, wsum = per_tensor(weight, "conv2d_int8_dw", lambda: _dw_weight(weight))
-    acc64 = x.dtype == torch.int16
-    acc = new_output((Nb * Ho * Wo, C), torch.int64 if acc64 else torch.int32, x.device)
-    f = cpu.declare(_lib(), "tsr_dw_acc", "pi" + "l" * 8 + "p" + "l" * 11 + "pii")
+    f = cpu.declare(_lib(), "tsr_dw_requant", "pi" + "l" * 8 + "p" + "l" * 11 + "pplp" + "lll" + "iplii")
+    per_ch = int(multiplier.numel() > 1)
+    off = _offset(wsum, bias, x_zero_point)   # a named reference: alive through the call
     rc = f(cpu.ptr(x), x.element_size(), Nb, C, H, W, *x.stride(), cpu.ptr(wt), kh, kw, *stride, *padding,
-           *dilation, Ho, Wo, x_zero_point, cpu.ptr(acc), int(acc64), cpu.threads_for(acc.numel() * kh * kw))
+           *dilation, Ho, Wo, x_zero_point, cpu.ptr(multiplier), cpu.ptr(shift), per_ch, cpu.ptr(off), out_zero_point,
+           qmin, qmax, ROUNDING[rounding], cpu.ptr(out),
+           out.stride(0), int(out.dtype == torch.int16), cpu.threads_for(out.numel() * kh * kw))
     cpu.check_rc(rc, "conv2d_int8 depthwise")
-    return requant_into(acc, multiplier, shift, _offset(wsum, bias, x_zero_point), out_zero_point, qmin, qmax,
-                        rounding, out)
+    return out
 
 
 def _dw_weight(weight):
