@@ -257,6 +257,23 @@ def test_int8_weight_memo_follows_in_place_updates(groups):
         b = b + 5
 
 
+@pytest.mark.parametrize("bias_mag", [1000, 2**31 - 1000, 2**31 - 1])
+def test_depthwise_int8_offset_paths(bias_mag):
+    """tsr_dw_requant starts the int32 sums at the offset when no sum can overflow, else adds it
+    saturating in int64 (biases near the int32 limit): both bit-exact, both layouts, both zp ends."""
+    gen = torch.Generator().manual_seed(bias_mag % 1000)
+    C = 70
+    w = torch.randint(-128, 128, (C, 1, 3, 3), generator=gen, dtype=torch.int8)
+    b = torch.randint(-bias_mag, bias_mag, (C,), generator=gen, dtype=torch.int64).to(torch.int32)
+    m = torch.randint(2**29, 2**31 - 1, (C,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-20, 3, (C,), generator=gen, dtype=torch.int32)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        x = torch.randint(-128, 128, (2, C, 6, 7), generator=gen, dtype=torch.int8).contiguous(memory_format=fmt)
+        for zp in (-128, 127):
+            got = tessera.conv2d_int8(x, zp, w, b, m, s, 0, 1, 1, 1, C, backend="cpu")
+            assert torch.equal(got, tessera.conv2d_int8(x, zp, w, b, m, s, 0, 1, 1, 1, C, backend="reference"))
+
+
 def test_conv2d_int8_bad_input():
     x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
     w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)
