@@ -43,4 +43,35 @@ static inline int64_t tsr_neon_f2h(uint16_t *restrict d, const float *restrict s
     return i;
 }
 
+/* Integer codes sat(rint(nan0(x / s)), lo, hi) + off of x[0:n), 16 at a time (the tail, n % 16, is
+ * left to the caller), as tessera_quant.h's tsr_quant_int: FDIV is the IEEE division; a NaN
+ * quotient stays NaN through FMAX/FMIN and FCVTNS turns it into 0 (lo <= 0 <= hi for every
+ * caller, so 0 is what nan0-then-clamp gives); clamping to integer bounds before FCVTNS (round to
+ * nearest even) equals rounding then clamping.  Codes stored as bytes (out16 == 0: XTN truncates,
+ * i.e. the (uint8_t) / (int8_t) cast) or int16.  Returns how many were done. */
+static inline int64_t tsr_neon_quant_ints(const float *restrict x, int64_t n, float s, float lo, float hi, int off,
+                                          int out16, void *restrict dst) {
+    const float32x4_t sv = vdupq_n_f32(s), lv = vdupq_n_f32(lo), hv = vdupq_n_f32(hi);
+    const int32x4_t ov = vdupq_n_s32(off);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        int16x8_t h[2];
+        for (int t = 0; t < 2; t++) {
+            int32x4_t c[2];
+            for (int u = 0; u < 2; u++) {
+                const float32x4_t q = vdivq_f32(vld1q_f32(x + i + 8 * t + 4 * u), sv);
+                c[u] = vaddq_s32(vcvtnq_s32_f32(vminq_f32(vmaxq_f32(q, lv), hv)), ov);
+            }
+            h[t] = vmovn_high_s32(vmovn_s32(c[0]), c[1]);
+        }
+        if (out16) {
+            vst1q_s16((int16_t *)dst + i, h[0]);
+            vst1q_s16((int16_t *)dst + i + 8, h[1]);
+        } else {
+            vst1q_s8((int8_t *)dst + i, vmovn_high_s16(vmovn_s16(h[0]), h[1]));
+        }
+    }
+    return i;
+}
+
 #endif /* TESSERA_NEON_H */

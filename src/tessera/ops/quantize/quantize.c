@@ -72,6 +72,15 @@ static inline float span_absmax(const float *restrict x, int64_t n) {
     float lanes[8];
     _mm256_storeu_ps(lanes, _mm256_max_ps(a0, a1));
     for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
+#elif defined(TSR_NEON)
+    /* NEON's FMAX returns NaN when either operand is one: NaN lanes are zeroed first (x == x) */
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t v0 = vld1q_f32(x + i), v1 = vld1q_f32(x + i + 4);
+        a0 = vmaxq_f32(a0, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v0, v0), vreinterpretq_u32_f32(vabsq_f32(v0)))));
+        a1 = vmaxq_f32(a1, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v1, v1), vreinterpretq_u32_f32(vabsq_f32(v1)))));
+    }
+    amax = vmaxvq_f32(vmaxq_f32(a0, a1));
 #endif
     for (; i < n; i++) {
         const float a = tsr_nan0(fabsf(x[i]));
@@ -106,6 +115,16 @@ static inline void span_lohi(const float *restrict x, int64_t n, float *lo_out, 
         lo = ll[k] < lo ? ll[k] : lo;
         hi = hh[k] > hi ? hh[k] : hi;
     }
+#elif defined(TSR_NEON)
+    float32x4_t l = vdupq_n_f32(0.0f), h = l;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(x + i);
+        const float32x4_t w = vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v, v), vreinterpretq_u32_f32(v)));  /* NaN -> 0 */
+        l = vminq_f32(l, w);
+        h = vmaxq_f32(h, w);
+    }
+    lo = vminvq_f32(l);
+    hi = vmaxvq_f32(h);
 #endif
     for (; i < n; i++) {
         const float v = tsr_nan0(x[i]);
@@ -239,6 +258,8 @@ static void quant_ints(const float *restrict x, int64_t n, float s, float lo, fl
     else
         for (; i + 16 <= n; i += 16)
             _mm_storeu_si128((__m128i *)((uint8_t *)dst + i), _mm512_cvtepi32_epi8(q16(x + i, sv, lv, hv, ov)));
+#elif defined(TSR_NEON)
+    i = tsr_neon_quant_ints(x, n, s, lo, hi, off, out16, dst);   /* tessera_neon.h */
 #endif
     if (out16) {
         int16_t *o = (int16_t *)dst;
