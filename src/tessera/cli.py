@@ -156,6 +156,9 @@ def _print_opencl(o: dict) -> None:
           "no (each launch maps its written buffers back: a copy)" if zc is False else zc)
     print(f"  selected: {o['selected']}   zero-copy probe: {zc}   fp16 arithmetic: "
           f"{'on' if o.get('fp16_arithmetic') else 'off (storage only)'}   portable mode: {'on' if o['portable'] else 'off'}")
+    if isinstance(o.get("paths"), dict):   # which path each extension feature takes in the kernels
+        words = {"device": "extension", "emulated": "emulated (TESSERA_OPENCL_EMULATE, tests)", "portable": "portable"}
+        print("  kernel paths: " + ", ".join(f"{k.replace('_', ' ')}: {words.get(v, v)}" for k, v in o["paths"].items()))
 
 
 # ----------------------------------------------------------------------------- check

@@ -21,10 +21,29 @@ Device choice: ``TESSERA_OPENCL_DEVICE`` = ``"P:D"`` (platform and device index)
 the Oclgrind simulator (Oclgrind checks races and out-of-bounds accesses; it is chosen only by
 name, by the marked test that runs every kernel under it).
 
-Extensions: ``cl_khr_fp16`` arithmetic is used where the device has it (``TSR_HAS_FP16``),
-otherwise fp16 is storage only (``vload_half``/``vstore_half_rte``, what PoCL offers);
-bf16 is always storage (ushort) with round-to-nearest-even by integer arithmetic.
+Extensions (``FEATURES``; each a build option, so the cached binaries differ), used where the
+device lists them, a portable path otherwise:
+  ``cl_khr_fp16``  fp16 arithmetic (``TSR_HAS_FP16``); otherwise fp16 is storage only
+      (``vload_half``/``vstore_half_rte`` or bit-exact integer conversion: PoCL).  bf16 is always
+      storage (ushort) with round-to-nearest-even by integer arithmetic.
+  ``cl_khr_subgroups`` / ``cl_intel_subgroups``  the work-group reductions of the row kernels
+      (``tsr_wg_sum`` / ``tsr_wg_max`` / ``tsr_wg_min_int`` in ``tessera_cl.h``: rms_norm,
+      layer_norm, softmax, quantize_blocks, the int8 / fp8 linears' activation quantisers) reduce
+      within each sub-group with ``sub_group_reduce_*`` and combine the partials through local
+      memory (``TSR_HAS_SUBGROUPS``); portable: a fixed tree through local memory.
+  ``cl_khr_integer_dot_product``  the int8 matmuls (int_mm, linear_w8a8: both kernel families)
+      and linear_w4a8 take 4 k per non-saturating ``dot(char4, char4)`` / ``dot(char4, uchar4)``
+      (``TSR_HAS_INT_DOT``); portable: scalar products.  Same integers either way.
+The khr sub-group and dot built-ins are declared only for OpenCL C >= 2.0, so a build using
+them asks for the device's own OpenCL C version (``_cl_std``; otherwise ``-cl-std=CL1.2``), and
+a compiler that still declares none falls back to the portable path (``tessera_cl.h``).
 ``TESSERA_OPENCL_PORTABLE=1`` forces the portable path everywhere (tests run both).
+``TESSERA_OPENCL_EMULATE=subgroups,int_dot`` (tests only) builds with ``tessera_cl_emulate.h``,
+which supplies those built-ins in OpenCL C 1.2 (sub-groups of 4 work-items through local memory,
+``dot`` as the widened sum), so the extension paths run -- and are checked against the other
+backends and under Oclgrind -- on a device without the extensions (PoCL); on a CPU device the
+row kernels then take the GPU geometry (several sub-groups per row).  ``paths()`` says which path
+each feature takes; `tessera info` prints it for the selected device.
 
 Programs are built once per (source, options, device) and their binaries cached on disk
 under ``<jit cache>/opencl``, keyed by a hash of the sources and headers, the build options
