@@ -74,4 +74,35 @@ static inline int64_t tsr_neon_quant_ints(const float *restrict x, int64_t n, fl
     return i;
 }
 
+/* tsr_expf (tessera_cpu.h) on 4 lanes: the same clamps, Cody-Waite reduction and polynomial
+ * (fused multiply-adds where -ffp-contract=fast fuses the scalar code); x < -87.33 gives 0,
+ * x > 88.72 inf, NaN stays NaN (it runs through FMIN/FMAX and the arithmetic). */
+static inline float32x4_t tsr_neon_expf(float32x4_t x) {
+    const float32x4_t hi = vdupq_n_f32(88.72283935546875f), lo = vdupq_n_f32(-87.33654022216797f);
+    const float32x4_t big = vdupq_n_f32(12582912.0f);
+    const float32x4_t xc = vmaxq_f32(vminq_f32(x, hi), lo);
+    const float32x4_t k = vsubq_f32(vfmaq_f32(big, xc, vdupq_n_f32(1.44269504088896341f)), big);
+    float32x4_t r = vfmsq_f32(xc, k, vdupq_n_f32(0.693359375f));
+    r = vfmaq_f32(r, k, vdupq_n_f32(2.12194440e-4f));
+    float32x4_t p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), vdupq_n_f32(1.9875691500e-4f), r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vaddq_f32(vfmaq_f32(r, r, vmulq_f32(p, r)), vdupq_n_f32(1.0f));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    float32x4_t res = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    res = vbslq_f32(vcgtq_f32(x, hi), vdupq_n_f32(__builtin_inff()), res);
+    return vbslq_f32(vcltq_f32(x, lo), vdupq_n_f32(0.0f), res);
+}
+
+/* silu(x) = x / (1 + exp(-x)) as activations.c's act_silu: +-inf -> +-FLT_MAX first (NaN stays),
+ * silu(+inf) = +inf */
+static inline float32x4_t tsr_neon_silu(float32x4_t xin) {
+    const float32x4_t fmax = vdupq_n_f32(3.40282346638528859812e+38F);
+    const float32x4_t x = vmaxq_f32(vminq_f32(xin, fmax), vnegq_f32(fmax));
+    const float32x4_t s = vdivq_f32(vdupq_n_f32(1.0f), vaddq_f32(vdupq_n_f32(1.0f), tsr_neon_expf(vnegq_f32(x))));
+    return vbslq_f32(vcgtq_f32(xin, fmax), xin, vmulq_f32(x, s));
+}
+
 #endif /* TESSERA_NEON_H */
