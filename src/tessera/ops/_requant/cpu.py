@@ -102,6 +102,10 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
     out = new_output((Nb * Ho * Wo, O), out_dtype, x.device)
     if out.numel() == 0:
         return out
+    if kh == kw == 1 and not any(padding) and tuple(stride) != (1, 1):
+        # a strided 1x1 conv reads every stride-th pixel: subsample first (a view), so the layout copy
+        # below moves only those
+        x, stride = x[:, :, ::stride[0], ::stride[1]], (1, 1)
     if Cg == 1 and groups == O and groups > 1:
         return _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding,
                           out, stride, padding, dilation, Ho, Wo)

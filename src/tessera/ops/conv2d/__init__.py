@@ -226,6 +226,9 @@ def _cases():
         # the same arguments at another shape: one dynamic-shape graph serves both (test_compile_export)
         _build("k3-7x6-relu", (2, 3, 7, 6), (5, 3, 3, 3), activation="relu"),
         _build("pointwise-cl-relu6", (2, 16, 7, 5), (33, 16, 1, 1), layout="cl", activation="relu6"),
+        # a strided 1x1 (ResNet's downsample): the kernels subsample x first, odd sizes leave a last column
+        _build("pointwise-s2-odd", (2, 6, 7, 9), (5, 6, 1, 1), stride=2),
+        _build("pointwise-s21-view", (1, 8, 5, 7), (4, 8, 1, 1), {"layout"}, layout="view", stride=(2, 1)),
         _build("dw-13-s2-cl-relu6", (1, 24, 13, 13), (24, 1, 3, 3), layout="cl", groups=24, stride=2,
                padding=1, activation="relu6"),
         # 16+3 channels, a full 8-pixel interior tile: the depthwise kernel's 3-tap fast path and tails

@@ -131,6 +131,10 @@ def forward(x, weight, bias, stride, pads, dilation, groups, activation):
     out = _out(x, N, cout, OH, OW)
     if N == 0:
         return out
+    if KH == KW == 1 and not any(pads) and tuple(stride) != (1, 1):
+        # a strided 1x1 conv reads every stride-th pixel: subsample first (a view), so the packing
+        # pass converts only those (it converted all of x: 0.37x eager on ResNet's downsample)
+        x, stride = x[:, :, ::stride[0], ::stride[1]], (1, 1)
     # the depthwise kernel pads virtually (reads x in place when it is fp32 channels-last)
     xp = _padded_input(x, (0, 0, 0, 0) if dwk else pads)
     wp, cop = _packed_weight(weight, groups)

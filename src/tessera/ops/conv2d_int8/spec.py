@@ -52,6 +52,9 @@ def _cases():
         conv_case("1x5x9x7-dw-k3-d2-p2", 1, 5, 9, 7, 5, 3, padding=2, dilation=2, groups=5),
         conv_case("1x8x5x5-o3-k1-tensor", 1, 8, 5, 5, 3, 1, per_channel=False),
         conv_case("1x3x1x1-o7-k1", 1, 3, 1, 1, 7, 1),
+        conv_case("2x6x7x9-o5-k1-s2", 2, 6, 7, 9, 5, 1, stride=2),   # strided 1x1: x subsampled first
+        conv_case("channels-last-1x5x5x7-o4-k1-s21", 1, 5, 5, 7, 4, 1, stride=(2, 1), layout="channels_last",
+                  tags={"layout"}),
         conv_case("2x6x6x6-o5-k2-nobias", 2, 6, 6, 6, 5, 2, stride=(1, 2), padding=(1, 0), bias=False),
         conv_case("channels-last-1x4x7x6-o5-k3", 1, 4, 7, 6, 5, 3, padding=1, layout="channels_last",
                   tags={"layout"}),
