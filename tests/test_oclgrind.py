@@ -7,8 +7,10 @@ sees only accesses outside a tensor's pages on PoCL).  For each op with an openc
 every argument signature, layout and extreme cases; forward and backward) on the Oclgrind device
 in a subprocess with the checks of ``tessera.testing.oclgrind.ENV`` on; the test fails on any
 report (out-of-bounds access, data race, barrier divergence, failing API call), any failed cell
-or a crash.  Planted bugs prove the reports are seen, and ``test_tiny_cells_reach_every_kernel``
-that the tiny cells launch every ``__kernel`` of the sources they build (a kernel only reached by
+or a crash.  ``test_extension_paths_under_oclgrind`` runs the ops with an extension path (sub-group
+reductions, integer dot products) again with ``TESSERA_OPENCL_EMULATE=subgroups,int_dot``, so those
+paths are checked too (Oclgrind has neither extension).  Planted bugs prove the reports are seen,
+and ``test_tiny_cells_reach_every_kernel`` that the tiny cells launch every ``__kernel`` of the sources they build (a kernel only reached by
 a large case would escape the check).  Oclgrind interprets each work-item (~1e5-1e6 operations a
 second), hence the tiny cases and the separate marker: ~1-3 min per op family on 2 cores.
 """

