@@ -32,9 +32,60 @@ static float *ones_row(const float *w, int64_t Np) {
     return o;
 }
 
+#if defined(TSR_NEON)
+/* fp32 rows with NEON intrinsics: gcc lowers the 64-byte block vectors of the generic rows through
+ * the stack on NEON (~3.3 instructions per element); here 16 elements per step stay in registers.
+ * The same formula; the sum of squares runs in 16 lanes then a pairwise tree (another order of the
+ * fp32 additions), h (fp32: x + residual, no rounding step) is read back from the h output. */
+static void fwd_rows_f32_neon(const float *x, int64_t sx, const float *res, int64_t sr, const float *w, float *y,
+                              float *h, float *rstd, int64_t i0, int64_t i1, int64_t N, float eps) {
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xr = x + i * sx, *rr = res ? res + i * sr : NULL;
+        float *yr = y + i * N, *hr = res ? h + i * N : NULL;
+        float32x4_t s[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+        int64_t j = 0;
+        if (rr) {
+            for (; j + 16 <= N; j += 16)
+                for (int t = 0; t < 4; t++) {
+                    const float32x4_t v = vaddq_f32(vld1q_f32(xr + j + 4 * t), vld1q_f32(rr + j + 4 * t));
+                    vst1q_f32(hr + j + 4 * t, v);
+                    s[t] = vfmaq_f32(s[t], v, v);
+                }
+        } else {
+            for (; j + 16 <= N; j += 16)
+                for (int t = 0; t < 4; t++) {
+                    const float32x4_t v = vld1q_f32(xr + j + 4 * t);
+                    s[t] = vfmaq_f32(s[t], v, v);
+                }
+        }
+        float ss = vaddvq_f32(vaddq_f32(vaddq_f32(s[0], s[1]), vaddq_f32(s[2], s[3])));
+        for (; j < N; j++) {
+            const float v = rr ? xr[j] + rr[j] : xr[j];
+            if (rr) hr[j] = v;
+            ss += v * v;
+        }
+        const float r = 1.0f / sqrtf(ss / (float)N + eps);
+        rstd[i] = r;
+        const float *src = rr ? hr : xr;
+        const float32x4_t rv = vdupq_n_f32(r);
+        for (j = 0; j + 16 <= N; j += 16)
+            for (int t = 0; t < 4; t++)
+                vst1q_f32(yr + j + 4 * t, vmulq_f32(vmulq_f32(vld1q_f32(src + j + 4 * t), rv), vld1q_f32(w + j + 4 * t)));
+        for (; j < N; j++) yr[j] = src[j] * r * w[j];
+    }
+}
+#endif
+
 ROWS fwd_rows(const char *x, int64_t sx, const char *res, int64_t sr, const float *w, char *y, char *h,
               float *rstd, float *hs, int64_t i0, int64_t i1, int64_t M, int64_t N, float eps, int nt,
               const int has_res, const int dtype) {
+#if defined(TSR_NEON)
+    if (dtype == TSR_F32) {
+        fwd_rows_f32_neon((const float *)x, sx, has_res ? (const float *)res : NULL, sr, w, (float *)y,
+                          (float *)h, rstd, i0, i1, N, eps);
+        return;
+    }
+#endif
     const int es = tsr_elsize(dtype);
     for (int64_t i = i0; i < i1; i++) {
         const char *xr = x + i * sx * es, *rr = has_res ? res + i * sr * es : NULL;
