@@ -10,8 +10,8 @@ report (out-of-bounds access, data race, barrier divergence, failing API call), 
 or a crash.  ``test_extension_paths_under_oclgrind`` runs the ops with an extension path (sub-group
 reductions, integer dot products) again with ``TESSERA_OPENCL_EMULATE=subgroups,int_dot``, so those
 paths are checked too (Oclgrind has neither extension).  Planted bugs prove the reports are seen,
-and ``test_tiny_cells_reach_every_kernel`` that the tiny cells launch every ``__kernel`` of the sources they build (a kernel only reached by
-a large case would escape the check).  Oclgrind interprets each work-item (~1e5-1e6 operations a
+and ``test_tiny_cells_reach_every_kernel`` that the tiny cells launch every ``__kernel`` of the
+sources they build (a kernel only reached by a large case would escape the check).  Oclgrind interprets each work-item (~1e5-1e6 operations a
 second), hence the tiny cases and the separate marker: ~1-3 min per op family on 2 cores.
 """
 from __future__ import annotations
