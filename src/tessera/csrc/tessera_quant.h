@@ -20,7 +20,19 @@ static inline float tsr_nan0(float v) { return v != v ? 0.0f : v; }
 
 static inline float tsr_absmax(const float *x, int64_t n) {
     float amax = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+#if defined(TSR_NEON)
+    /* NEON's FMAX returns NaN when either operand is one: NaN lanes are zeroed first (x == x);
+     * max is exact, so the order changes nothing */
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t v0 = vld1q_f32(x + i), v1 = vld1q_f32(x + i + 4);
+        a0 = vmaxq_f32(a0, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v0, v0), vreinterpretq_u32_f32(vabsq_f32(v0)))));
+        a1 = vmaxq_f32(a1, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v1, v1), vreinterpretq_u32_f32(vabsq_f32(v1)))));
+    }
+    amax = vmaxvq_f32(vmaxq_f32(a0, a1));
+#endif
+    for (; i < n; i++) {
         const float a = tsr_nan0(fabsf(x[i]));
         amax = a > amax ? a : amax;
     }

@@ -83,7 +83,11 @@ static void prep_row(const job_t *J, int64_t i, float *buf) {
             tsr_load_f32(buf, J->x + i * J->sx * tsr_elsize(J->xkind), K, J->xkind);
             const float s = tsr_scale_for(tsr_absmax(buf, K), 127.0f);
             J->xs[i] = s;
-            for (int64_t k = 0; k < K; k++) q[k] = (int8_t)tsr_quant_int(buf[k] / s, -127.0f, 127.0f);
+            int64_t k0 = 0;
+#if defined(TSR_NEON)
+            k0 = tsr_neon_quant_ints(buf, K, s, -127.0f, 127.0f, 0, 0, q);   /* the same integers */
+#endif
+            for (int64_t k = k0; k < K; k++) q[k] = (int8_t)tsr_quant_int(buf[k] / s, -127.0f, 127.0f);
         }
         for (int64_t k = K; k < Kp; k++) q[k] = 0;
         if (u8)
@@ -96,7 +100,11 @@ static void prep_row(const job_t *J, int64_t i, float *buf) {
             tsr_load_f32(buf, J->x + i * J->sx * tsr_elsize(J->xkind), K, J->xkind);
             const float s = tsr_scale_for(tsr_absmax(buf, K), 32767.0f);
             J->xs[i] = s;
-            for (int64_t k = 0; k < K; k++) q[k] = (int16_t)tsr_quant_int(buf[k] / s, -32767.0f, 32767.0f);
+            int64_t k0 = 0;
+#if defined(TSR_NEON)
+            k0 = tsr_neon_quant_ints(buf, K, s, -32767.0f, 32767.0f, 0, 1, q);
+#endif
+            for (int64_t k = k0; k < K; k++) q[k] = (int16_t)tsr_quant_int(buf[k] / s, -32767.0f, 32767.0f);
         }
         for (int64_t k = K; k < Kp; k++) q[k] = 0;
     }
