@@ -274,6 +274,19 @@ def test_depthwise_int8_offset_paths(bias_mag):
             assert torch.equal(got, tessera.conv2d_int8(x, zp, w, b, m, s, 0, 1, 1, 1, C, backend="reference"))
 
 
+@pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 17, 3, 11), (1, 33, 16, 17), (3, 2, 1, 1), (1, 64, 9, 15)])
+def test_int8_layout_copies(shape):
+    """tsr_transpose_i8 (the conv's NCHW <-> channels-last copies): SSE2 16 x 16 blocks and the
+    element-wise edges, every position distinct."""
+    from tessera.ops._requant import cpu as rq
+    x = (torch.arange(torch.Size(shape).numel()) % 251 - 125).to(torch.int8).reshape(shape)
+    xc = rq._channels_last(x)
+    assert xc.is_contiguous(memory_format=torch.channels_last) and torch.equal(xc, x)
+    rows = x.permute(0, 2, 3, 1).reshape(-1, shape[1]).contiguous()
+    y = rq.rows_to_nchw(rows, shape[0], shape[2], shape[3])
+    assert y.is_contiguous() and torch.equal(y, x)
+
+
 def test_conv2d_int8_bad_input():
     x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
     w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)

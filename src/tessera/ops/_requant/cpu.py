@@ -68,15 +68,36 @@ def im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, pad_value, groups=1, or
     return cols
 
 
+def transpose_i8(src, B, R, S, ss, bs, dst, ds, bd):
+    """dst[b][s][r] = src[b][r][s], int8 (tsr_transpose_i8, element strides)."""
+    if B and R and S:
+        f = cpu.declare(_lib(), "tsr_transpose_i8", "plllllplli")
+        rc = f(cpu.ptr(src), B, R, S, ss, bs, cpu.ptr(dst), ds, bd, cpu.threads_for(B * R * S))
+        cpu.check_rc(rc, "conv2d_int8 layout copy")
+    return dst
+
+
 def _channels_last(x):
     """x [N, C, H, W] as a view of channels-last memory (unit channel stride): x itself when it
-    already is (or C == 1), else one transposing copy."""
+    already is (or C == 1), else one transposing copy (tsr_transpose_i8 for contiguous int8)."""
     if x.stride(1) == 1 or x.shape[1] <= 1:
         return x
     Nb, C, H, W = x.shape
     xc = new_output((Nb, H, W, C), x.dtype, x.device)
-    xc.copy_(x.permute(0, 2, 3, 1))
+    if x.dtype == torch.int8 and x.is_contiguous():
+        transpose_i8(x, Nb, C, H * W, H * W, C * H * W, xc, C, C * H * W)
+    else:
+        xc.copy_(x.permute(0, 2, 3, 1))
     return xc.permute(0, 3, 1, 2)
+
+
+def rows_to_nchw(rows, Nb, Ho, Wo):
+    """The conv's output rows [Nb*Ho*Wo, O] as a contiguous NCHW tensor (int8: tsr_transpose_i8)."""
+    O = rows.shape[1]
+    y = new_output((Nb, O, Ho, Wo), rows.dtype, rows.device)
+    if rows.dtype == torch.int8 and rows.is_contiguous():
+        return transpose_i8(rows, Nb, Ho * Wo, O, O, Ho * Wo * O, y, Ho * Wo, O * Ho * Wo)
+    return y.copy_(rows.view(Nb, Ho, Wo, O).permute(0, 3, 1, 2))
 
 
 def _gemm_weight(weight, order):

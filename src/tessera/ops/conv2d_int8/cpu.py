@@ -2,6 +2,7 @@
 import torch
 
 from .._requant.cpu import conv_forward as forward  # noqa: F401
+from .._requant.cpu import rows_to_nchw  # noqa: F401  (the output's NCHW copy, _impl)
 
 DTYPES = (torch.int8, torch.int16)   # the dtypes of x
 
