@@ -95,10 +95,30 @@ static void prep_i8(const char *x, int64_t sx, int dtype, int8_t *qx, int32_t *x
     tsr_load_f32(tmp, x + m * sx * tsr_elsize(dtype), K, dtype);
     const float scale = tsr_scale_for(tsr_absmax(tmp, K), 127.0f);
     sxs[m] = scale;
-    for (int64_t k = 0; k < K; k++) tmp[k] = (float)tsr_quant_int(tmp[k] / scale, -127.0f, 127.0f);
-    for (int64_t k = K; k < Kc; k++) tmp[k] = 0.0f;
     int8_t *d = qx + m * Kc;
     int32_t *s = xs + m * C * 16;
+#if defined(TSR_NEON)
+    /* NEON: the codes of each 128-k chunk (tsr_neon_quant_ints: the same integers), split into
+     * even / odd k by LD2, lane sums by pairwise widening adds (exact integers) */
+    for (int64_t k = K; k < Kc; k++) tmp[k] = 0.0f;
+    for (int64_t c = 0; c < C; c++) {
+        int8_t qc[128];
+        tsr_neon_quant_ints(tmp + 128 * c, 128, scale, -127.0f, 127.0f, 0, 0, qc);
+        for (int h = 0; h < 4; h++) {
+            const int8x16x2_t e = vld2q_s8(qc + 32 * h);
+            vst1q_s8(d + 128 * c + 16 * h, e.val[0]);
+            vst1q_s8(d + 128 * c + 64 + 16 * h, e.val[1]);
+        }
+        for (int l = 0; l < 16; l += 4) {
+            const int32x4_t a = vpaddlq_s16(vpaddlq_s8(vld1q_s8(qc + 8 * l)));
+            const int32x4_t b = vpaddlq_s16(vpaddlq_s8(vld1q_s8(qc + 8 * l + 16)));
+            vst1q_s32(s + 16 * c + l, vnegq_s32(vpaddq_s32(a, b)));
+        }
+    }
+    return;
+#endif
+    for (int64_t k = 0; k < K; k++) tmp[k] = (float)tsr_quant_int(tmp[k] / scale, -127.0f, 127.0f);
+    for (int64_t k = K; k < Kc; k++) tmp[k] = 0.0f;
     for (int64_t c = 0; c < C; c++) {
         /* tmp holds whole numbers: lrintf converts them exactly, like a cast, but as a
          * round-to-nearest conversion -- clang lowers a cast to RVV's vfncvt.rtz, on which
