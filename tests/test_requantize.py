@@ -287,6 +287,28 @@ def test_int8_layout_copies(shape):
     assert y.is_contiguous() and torch.equal(y, x)
 
 
+@pytest.mark.parametrize("M,K", [(130, 64), (200, 600), (7, 600)])
+def test_fused_gemm_requantize_offset_fold(M, K):
+    """tsr_qi8_mm_rq: the broadcast kernel folds the offset into its int32 correction only when no
+    sum can overflow (|off| <= INT32_MAX - K 2^14), else adds it saturating; shifts > 0 take
+    rq_v_double's left-shift branch.  Offsets on both sides of the bound, against the reference."""
+    gen = torch.Generator().manual_seed(M + K)
+    N = 70
+    lim = 2**31 - 1 - K * 2**14
+    x = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    m = torch.randint(2**29, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-20, 4, (N,), generator=gen, dtype=torch.int32)
+    x[0], w[0], w[1] = 127, 127, -128                  # sums that overflow int32 with the extreme biases
+    for b in (torch.randint(-lim, lim, (N,), generator=gen, dtype=torch.int64),                # foldable
+              torch.randint(-2**31, 2**31 - 1, (N,), generator=gen, dtype=torch.int64)):      # not always
+        b = b.to(torch.int32)
+        b[0], b[1] = 2**31 - 1, -2**31
+        for xz in (-128, 127):
+            got = tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="cpu")
+            assert torch.equal(got, tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="reference"))
+
+
 def test_conv2d_int8_bad_input():
     x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
     w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)

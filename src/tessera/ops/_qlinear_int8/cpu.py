@@ -50,6 +50,22 @@ def int_mm_forward(a, b):
     return _run(a, _INT_KIND[a.dtype], _INT_KIND[a.dtype], b, None, None, None, y, -1)
 
 
+def int_mm_requant(a, b, mult, shift, off, zp, qmin, qmax, rounding, out):
+    """out [M, N] (int8 / int16 row view) = requantize(a @ b.T + off) with tessera_requant.h's
+    arithmetic (rounding 0 double, 1 single), a [M, K] int8 / int16 row view, b [N, K] int8
+    contiguous, mult / shift int32 [N] or [1], off int64 [N] or None (tsr_qi8_mm_rq)."""
+    M, K = a.shape
+    N = b.shape[0]
+    if M == 0 or N == 0:
+        return out
+    f = cpu.declare(_lib(), "tsr_qi8_mm_rq", "plillplpplplllipliii")
+    rc = f(cpu.ptr(a), a.stride(0), _INT_KIND[a.dtype], M, K, cpu.ptr(b), N, cpu.ptr(mult), cpu.ptr(shift),
+           int(mult.numel() > 1), cpu.ptr(off), zp, qmin, qmax, rounding, cpu.ptr(out), out.stride(0),
+           int(out.dtype == torch.int16), _vnni_ok(), cpu.threads_for(max(M, 16) * N * K // 16))
+    cpu.check_rc(rc, "int8 matmul + requantize")
+    return out
+
+
 def linear_forward(x, weight, sw, bias, activation, bits):
     M, K = x.shape
     N = weight.shape[0]

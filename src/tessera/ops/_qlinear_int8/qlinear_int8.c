@@ -8,9 +8,12 @@
  * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
  * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128.
  *
- * Phase 2: dot-product micro-kernels on w's own [N, K] layout (no weight packing, no
- * pre-packed format to keep in sync): a block of mb <= 4 activation rows x 4 weight rows
- * keeps 16 zmm accumulators over all of K, reduced horizontally once at the end.
+ * Phase 2, int8 with VNNI where qo_wanted(M, K) (M > 16 and K small, or M >= 128): the broadcast
+ * kernel of qi8_outer_avx512.h (64-column weight panels packed per call, 6 x 64 outputs in
+ * registers, nothing reduced horizontally; 85 % of the VNNI peak at conv / prefill sizes).
+ * Otherwise: dot-product micro-kernels on w's own [N, K] layout (no weight packing): a block
+ * of mb <= 4 activation rows x 4 weight rows keeps 16 zmm accumulators over all of K, reduced
+ * horizontally once at the end.
  *   - int8, AVX512-VNNI: VPDPBUSD (u8 x s8, 4 products per int32 lane, wrapping):
  *     sum (q + 128) w = acc + 128 sum_k w[n, k], so acc = dp - 128 * colsum(n); the column sums
  *     come from one more VPDPBUSD with a vector of ones on the weight already in registers
@@ -30,9 +33,10 @@
  * Column sums are computed per call, never cached: in the GEMV they cost one VPDPBUSD per
  * 64 weight bytes on data already in registers (no extra memory traffic), in the GEMM one
  * L2-resident pass per panel (~1/M of the panel's VPDPBUSD work); a per-weight cache would
- * need the weight's identity/version tracked across calls for no measurable gain.  M > 16 (GEMM): threads take 64-row weight panels (K x 64 bytes, L2-resident)
- * and sweep all activation blocks over the panel, so the weight is read from DRAM once and the
- * activations once per panel (from L3).  AMX is not used (this CPU, AMD Zen 4, has none).
+ * need the weight's identity/version tracked across calls for no measurable gain.  M > 16
+ * (GEMM): threads take 64-row weight panels (K x 64 bytes, L2-resident) and sweep all
+ * activation blocks over the panel, so the weight is read from DRAM once and the activations
+ * once per panel (from L3).  AMX is not used (this CPU, AMD Zen 4, has none).
  * VNNI is chosen at run time (__builtin_cpu_supports("avx512vnni")) at the avx512 build level
  * (functions compiled with a target attribute); vnni_ok = 0 forces the portable code (tests).
  * AArch64 (the cpu:aarch64 runner, -march=armv8-a): int8 blocks run SDOT (FEAT_DotProd) or SMMLA
@@ -41,6 +45,7 @@
  * portable loops, 2 SDOT even where SMMLA exists (tests), 1 the best the CPU has.
  */
 #include "tessera_quant.h"
+#include "tessera_requant.h"
 #include "qlinear_epilogue.h"
 
 #if defined(__AVX512BW__) && defined(__x86_64__) && defined(__GNUC__)
@@ -69,7 +74,36 @@ typedef struct {
     char *y; int ydtype;                 /* ydtype < 0: integer output (int32 / int64) */
     char *q; float *xs;                  /* activation buffer [M][Kp] and per-row scales */
     int arm;                             /* AArch64 int8: TSR_DOT_SDOT / TSR_DOT_SMMLA kernels, 0: portable */
+    const struct rq_s *rq;               /* tsr_qi8_mm_rq: requantized int8 / int16 output, else NULL */
 } job_t;
+
+/* tsr_qi8_mm_rq's requantization (tessera_requant.h): out[m, n] = clamp(MBQM(acc + off[n],
+ * mult[n], shift[n]) + zp, qmin, qmax) (mult / shift per channel when cs, else one of each) */
+typedef struct rq_s {
+    const int32_t *mult, *shift; int64_t cs; const int64_t *off;
+    int64_t zp, qmin, qmax; int rounding;
+    char *out; int64_t so; int out16;
+    int fold;   /* the broadcast kernel subtracts -off with its 128 cs correction (no int32 overflow possible) */
+} rq_t;
+
+/* requantize acc (n int32 or int64 values: columns n0 .. n0 + n of row m) into the output row */
+static void rq_put(const rq_t *R, const char *acc, int acc64, int64_t m, int64_t n0, int64_t n, int folded) {
+    char *o = R->out + (m * R->so + n0) * (R->out16 ? 2 : 1);
+    const int32_t *mu = R->mult + n0 * R->cs, *sh = R->shift + n0 * R->cs;
+    const int64_t *off = R->off && !folded ? R->off + n0 : NULL;
+    const int mode = acc64 ? 2 : (R->rounding == RQ_SINGLE ? 1 : 0);
+#ifdef TSR_AVX512
+#define RQ(MODE) (R->cs ? rq_row_v(acc, mu, sh, 1, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE) \
+                        : rq_row_v(acc, mu, sh, 0, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE))
+#else
+#define RQ(MODE) (R->cs ? rq_row(acc, acc64, mu, sh, 1, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE) \
+                        : rq_row(acc, acc64, mu, sh, 0, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE))
+#endif
+    if (mode == 0) RQ(0);
+    else if (mode == 1) RQ(1);
+    else RQ(2);
+#undef RQ
+}
 
 /* ------------------------------------------------------------------ phase 1: activations */
 static void prep_row(const job_t *J, int64_t i, float *buf) {
@@ -400,8 +434,13 @@ VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32
                                    const int failed) {
     const int64_t k4n = (J->K + 3) / 4, np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
 _Pragma("omp for schedule(static)")
-    for (int64_t p = 0; p < np; p++)
-        if (!failed) qo_pack_panel(J->w, J->N, J->K, k4n, p * 64, P + p * k4n * 256, CS + p * 64);
+    for (int64_t p = 0; p < np; p++) {
+        if (failed) continue;
+        qo_pack_panel(J->w, J->N, J->K, k4n, p * 64, P + p * k4n * 256, CS + p * 64);
+        if (J->rq && J->rq->fold)   /* acc + off = acc - (-off): one int32 correction (rq_t.fold) */
+            for (int64_t j = 0; j < 64 && p * 64 + j < J->N; j++)
+                CS[p * 64 + j] = (int32_t)((uint32_t)CS[p * 64 + j] - (uint32_t)(int32_t)J->rq->off[p * 64 + j]);
+    }
 _Pragma("omp for schedule(dynamic, 1)")
     for (int64_t it = 0; it < nmc * np; it++) {
         if (failed) continue;   /* this thread's scratch failed: its items stay unwritten, the call fails */
@@ -409,6 +448,12 @@ _Pragma("omp for schedule(dynamic, 1)")
         const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
         const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
         int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
+        if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
+            qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+            for (int64_t i = 0; i < rows; i++) rq_put(J->rq, (const char *)(tile + i * 64), 0, m0 + i, n0, cols,
+                                                       J->rq->fold);
+            continue;
+        }
         if (J->ydtype < 0) {
             qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, (int32_t *)J->y + m0 * J->N + n0, J->N,
                     cols, tmp);
@@ -425,11 +470,52 @@ _Pragma("omp for schedule(dynamic, 1)")
 #endif
 
 /* ------------------------------------------------------------------ entry point */
+static int qi8_run(job_t J, int vnni_ok, int nthreads);
+
 int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
                const float *wscale, const float *bias, int act, void *y, int ydtype, int vnni_ok, int nthreads) {
     if (M == 0 || N == 0) return TSR_OK;
     job_t J = {(const char *)x, sx, xkind, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
-               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL};
+               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL, 0, NULL};
+    return qi8_run(J, vnni_ok, nthreads);
+}
+
+/* int_mm of integer a [M, K] (int8 / int16, row stride sx) by w [N, K], requantized into out
+ * (int8 / int16 rows, row stride so): linear_int8_requant and conv2d_int8's GEMM + epilogue.  The
+ * broadcast kernel requantizes each tile while it is in cache; the other paths write the exact
+ * int32 / int64 accumulators to a scratch buffer first. */
+int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
+                  const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off, int64_t zp, int64_t qmin,
+                  int64_t qmax, int rounding, void *out, int64_t so, int out16, int vnni_ok, int nthreads) {
+    if (M == 0 || N == 0) return TSR_OK;
+    /* |sum q w| <= K 2^14: with |off| below INT32_MAX - K 2^14 no int32 sum can overflow, so the
+     * saturating int64 add of the contract equals the broadcast kernel's wrapping one */
+    int fold = bits == 8 && off != NULL;
+    for (int64_t n = 0; fold && n < N; n++) fold = off[n] >= -(INT32_MAX - K * 16384) && off[n] <= INT32_MAX - K * 16384;
+    const rq_t R = {mult, shift, cs, off, zp, qmin, qmax, rounding, (char *)out, so, out16, fold};
+    job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
+               w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, &R};
+#if QI8_VNNI
+    if (J.vnni && bits == 8 && qo_wanted(M, K)) return qi8_run(J, vnni_ok, nthreads);
+#endif
+    const int acc64 = bits == 16;
+    char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
+    if (!acc) return TSR_ENOMEM;
+    J.y = acc;
+    J.rq = NULL;
+    int rc = qi8_run(J, vnni_ok, nthreads);
+    if (rc == TSR_OK) {
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+        for (int64_t m = 0; m < M; m++) rq_put(&R, acc + m * N * (acc64 ? 8 : 4), acc64, m, 0, N, 0);
+    }
+    free(acc);
+    return rc;
+}
+
+static int qi8_run(job_t J, int vnni_ok, int nthreads) {
+    const int64_t M = J.M, K = J.K, N = J.N;
+    const int bits = J.bits, xkind = J.xkind;
+    (void)vnni_ok;
     const int es = bits == 8 ? 1 : 2;
     J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
     J.xs = tsr_scratch(M);

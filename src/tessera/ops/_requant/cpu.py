@@ -3,8 +3,10 @@ ops/_qlinear_int8/qlinear_int8.c: AVX512-VNNI VPDPBUSD / VPDPWSSD micro-kernels)
 
 linear_int8_requant and conv2d_int8 are one int GEMM on the raw int8 (int16) activations plus a
 per-channel int64 offset (bias - x_zp * sum_k w) folded into the requantization: exact, and the
-GEMM needs no (x - zp) copy that would not fit int8.  conv2d_int8 is im2col (padding taps hold
-x_zp) into that GEMM, one GEMM per group.
+GEMM needs no (x - zp) copy that would not fit int8.  The GEMM requantizes its own output
+(tsr_qi8_mm_rq, with csrc/tessera_requant.h's arithmetic): the int32 accumulators never make a
+round trip through memory.  conv2d_int8 is im2col (padding taps hold x_zp) into that GEMM, one
+GEMM per group.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from ..._library import contiguous, new_output, per_tensor
 from ...backends import cpu
-from .._qlinear_int8.cpu import int_mm_forward
+from .._qlinear_int8.cpu import int_mm_requant
 from .ref import DTYPES  # noqa: F401
 
 _SRC = Path(__file__).with_name("requant.c")
@@ -49,10 +51,9 @@ def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_po
     out = new_output((M, N), out_dtype, x.device)
     if M == 0 or N == 0:
         return out
-    acc = int_mm_forward(x, weight)
     wsum = per_tensor(weight, "rowsum", lambda: weight.sum(1, dtype=torch.int64))
-    return requant_into(acc, multiplier, shift, _offset(wsum, bias, x_zero_point), out_zero_point, qmin, qmax,
-                        rounding, out)
+    off = _offset(wsum, bias, x_zero_point)
+    return int_mm_requant(x, weight, multiplier, shift, off, out_zero_point, qmin, qmax, ROUNDING[rounding], out)
 
 
 def im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, pad_value, groups=1, order=0):
@@ -144,9 +145,9 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
     per_ch = multiplier.numel() > 1
     for g in range(groups):
         o0, o1 = g * Og, (g + 1) * Og
-        acc = int_mm_forward(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1])
-        requant_into(acc, multiplier[o0:o1] if per_ch else multiplier, shift[o0:o1] if per_ch else shift,
-                     off[o0:o1], out_zero_point, qmin, qmax, rounding, out[:, o0:o1])
+        int_mm_requant(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1], multiplier[o0:o1] if per_ch else multiplier,
+                       shift[o0:o1] if per_ch else shift, off[o0:o1], out_zero_point, qmin, qmax, ROUNDING[rounding],
+                       out[:, o0:o1])
     return out
 
 

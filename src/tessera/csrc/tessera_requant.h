@@ -1,0 +1,240 @@
+/* tessera_requant.h -- the integer pipeline's requantization of one accumulator row (framework-free
+ * C11), shared by ops/_requant/requant.c (tsr_requant, the depthwise conv) and the int8 GEMM's
+ * fused epilogue (ops/_qlinear_int8/qlinear_int8.c, tsr_qi8_mm_rq).  The formulas are written out
+ * in ops/requantize/__init__.py; rq_row is the scalar form, rq_row_v (TSR_AVX512) the same
+ * arithmetic 16 channels a step, bit-identical. */
+#ifndef TESSERA_REQUANT_H
+#define TESSERA_REQUANT_H
+#include "tessera_avx512.h"
+
+#define INL static inline __attribute__((always_inline))
+
+enum { RQ_DOUBLE = 0, RQ_SINGLE = 1 };
+
+INL int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+INL int32_t clamp32(int32_t v, int32_t lo, int32_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* gemmlowp SaturatingRoundingDoublingHighMul (ties up: the negative nudge is 1 - 2^30) then
+ * RoundingDivideByPOT (ties away from zero), in int32 lanes plus one widening 32x32->64 product
+ * (gcc vectorises this form for AVX2 / NEON; its int64 form ran at 3-10 ns an element):
+ *   a = saturate_int32(acc * 2^left): acc clamped to [INT32_MIN >> left, INT32_MAX >> left], then shifted;
+ *   h = trunc((a*m + nudge) / 2^31), nudge = 2^30 (a*m >= 0) or 1 - 2^30 (a*m < 0), equals
+ *       floor((a*m + 2^30) / 2^31) in both cases (a negative a*m + 1 - 2^30 is negative and its
+ *       trunc is floor after adding 2^31 - 1, and 1 - 2^30 + 2^31 - 1 = 2^30): a*m / 2^31 rounded
+ *       to nearest, ties UP (2.5 -> 3, -2.5 -> -2).  |a*m| <= 2^62, so that floor is bits 31..62 of
+ *       the sum (a logical shift then the low 32 bits, two's complement), in int32 range except for
+ *       a == m == INT32_MIN (2^31, read as INT32_MIN; a*m > -2^62 keeps every other h above it),
+ *       which saturates to INT32_MAX;
+ *   RDBPOT: (h >> e) + ((h & mask) > (mask >> 1) + (h < 0)), mask = 2^e - 1 (e <= 31 fits), i.e.
+ *       h / 2^e rounded half AWAY from zero (-1.5 -> -2, 1.5 -> 2; the + (h < 0) moves the
+ *       threshold for negatives). */
+INL int32_t mbqm_double(int32_t acc, int32_t m, int32_t s) {
+    const int32_t left = s > 0 ? s : 0, e = s > 0 ? 0 : -s;
+    const int32_t hi = INT32_MAX >> left, lo = INT32_MIN >> left;
+    /* (INT32_MIN >> left) << left == INT32_MIN; (INT32_MAX >> left) << left needs its low bits set */
+    const int32_t a = (int32_t)(((uint32_t)clamp32(acc, lo, hi) << left) |
+                                ((((uint32_t)1 << left) - 1u) & (0u - (uint32_t)(acc > hi))));
+    const uint64_t v = (uint64_t)((int64_t)a * m) + ((uint64_t)1 << 30);
+    int32_t h = (int32_t)(uint32_t)(v >> 31);
+    h = h == INT32_MIN ? INT32_MAX : h;
+    const int32_t mask = (int32_t)(((uint32_t)1 << e) - 1u);
+    const int32_t thr = (mask >> 1) + (int32_t)(h < 0);
+    return (h >> e) + (int32_t)((h & mask) > thr);
+}
+
+/* CMSIS-NN single rounding: floor((acc * m + 2^(30 - s)) / 2^(31 - s)), round half up (toward
+ * +inf: -2.5 -> -2); int32 acc and m (the widening product is what gcc vectorises): |acc * m| <=
+ * 2^62, so the sum fits int64 */
+INL int64_t mbqm_single(int32_t acc, int32_t m, int32_t s) {
+    const int t = 31 - s;
+    return ((int64_t)acc * m + ((int64_t)1 << (t - 1))) >> t;
+}
+
+/* TFLite int64 MultiplyByQuantizedMultiplier: Q15 reduced multiplier, round half up */
+INL int64_t mbqm_int64(int64_t acc, int64_t m, int64_t s) {
+    const int64_t x = clamp64(acc, -((int64_t)1 << 47), ((int64_t)1 << 47) - 1);
+    const int64_t rm = m < 0x7FFF0000 ? (m + (1 << 15)) >> 16 : 0x7FFF;
+    const int64_t t = 15 - s;
+    return (x * rm + ((int64_t)1 << (t - 1))) >> t;
+}
+
+INL int64_t sat_add(int64_t a, int64_t b) {
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r)) r = a > 0 ? INT64_MAX : INT64_MIN;
+    return r;
+}
+
+/* one row; MODE: 0 double (int32 acc), 1 single (int32 acc), 2 int64 acc.
+ * clamp(r + zp, qmin, qmax) == clamp(r, qmin - zp, qmax - zp) + zp: the bounds lie within +-2^16,
+ * so the int32 modes clamp in int32 and never add zp to an out-of-range r. */
+INL void rq_row(const char *acc, const int acc64, const int32_t *mult, const int32_t *shift, const int64_t cs,
+                const int64_t *off, int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, const int out16,
+                const int mode) {
+    int64_t tmp[256];
+    int32_t t32[256];
+    const int32_t lo = (int32_t)(qmin - zp), hi = (int32_t)(qmax - zp), z = (int32_t)zp;
+    for (int64_t c0 = 0; c0 < C; c0 += 256) {
+        const int64_t n = C - c0 < 256 ? C - c0 : 256;
+        const int32_t *mp = mult + c0 * cs, *sp = shift + c0 * cs;
+        if (acc64) {
+            const int64_t *a = (const int64_t *)acc + c0;
+            for (int64_t j = 0; j < n; j++) tmp[j] = off ? sat_add(a[j], off[c0 + j]) : a[j];
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++)
+                t32[j] = (int32_t)clamp64(mbqm_int64(tmp[j], mp[j * cs], sp[j * cs]), lo, hi) + z;
+        } else {
+            const int32_t *a = (const int32_t *)acc + c0;
+            /* int32 pipeline: accumulator + bias saturated to int32 before the multiplier */
+            if (off)
+                for (int64_t j = 0; j < n; j++) t32[j] = (int32_t)clamp64((int64_t)a[j] + off[c0 + j], INT32_MIN, INT32_MAX);
+            else
+                for (int64_t j = 0; j < n; j++) t32[j] = a[j];
+            if (mode == 0) {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) t32[j] = clamp32(mbqm_double(t32[j], mp[j * cs], sp[j * cs]), lo, hi) + z;
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++)
+                    t32[j] = (int32_t)clamp64(mbqm_single(t32[j], mp[j * cs], sp[j * cs]), lo, hi) + z;
+            }
+        }
+        if (out16) {
+            int16_t *o = (int16_t *)out + c0;
+            for (int64_t j = 0; j < n; j++) o[j] = (int16_t)t32[j];
+        } else {
+            int8_t *o = (int8_t *)out + c0;
+            for (int64_t j = 0; j < n; j++) o[j] = (int8_t)t32[j];
+        }
+    }
+}
+
+#ifdef TSR_AVX512 /* ------------------------------------------------------------ AVX-512 path */
+/* The same arithmetic, 16 channels a step, bit-identical to the scalar functions above.  The int32
+ * modes keep 32-bit lanes and form the one 64-bit product a*m with vpmuldq (_mm512_mul_epi32) on
+ * the even lanes and on the odd lanes shifted down (gcc 12's own vectorisation of the int64 C ran
+ * at 3-10 ns an element; this runs at ~0.3-0.5 on a (12544, 96) call, one thread). */
+
+/* 16 int32 accumulators (+ off, int64, the sum saturated to int32: vpmovsqd) */
+INL __m512i rq_v_acc32(const int32_t *a, const int64_t *off, __mmask16 k) {
+    const __m512i x = _mm512_maskz_loadu_epi32(k, a);
+    if (!off) return x;
+    const __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(x)),
+                                        _mm512_maskz_loadu_epi64((__mmask8)k, off));
+    const __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(x, 1)),
+                                        _mm512_maskz_loadu_epi64((__mmask8)(k >> 8), off + 8));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi64_epi32(lo)), _mm512_cvtsepi64_epi32(hi), 1);
+}
+
+/* mbqm_double on 16 int32 lanes (acc already saturated to int32), the scalar mbqm_double's steps:
+ *   a = saturate_int32(acc * 2^left): the shift overflowed iff shifting back changes the value,
+ *       then a = INT32_MAX or INT32_MIN by the sign of acc (skipped when no lane shifts left:
+ *       the usual case, every shift <= 0, ~1/4 of the work);
+ *   SRDHM h = floor((a*m + 2^30) / 2^31) (= gemmlowp's trunc with the nudge 2^30 or 1 - 2^30:
+ *       ties UP, 2.5 -> 3, -2.5 -> -2), bits 31..62 of the 64-bit sum: the even lanes take them by
+ *       a 31-bit right shift (low half of the qword), the odd lanes by a 1-bit left shift (high
+ *       half); h == INT32_MIN only for a == m == INT32_MIN (2^31 wrapped) -> INT32_MAX;
+ *   RDBPOT (h >> e) + ((h & mask) > (mask >> 1) + (h < 0)), mask = 2^e - 1: h / 2^e rounded half
+ *       AWAY from zero (-1.5 -> -2, 1.5 -> 2). */
+INL __m512i rq_v_double(__m512i a, __m512i m, __m512i s) {
+    const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
+    __m512i e = _mm512_sub_epi32(zero, s);
+    if (_mm512_cmpgt_epi32_mask(s, zero)) {   /* a left shift somewhere (rare: scales >= 1) */
+        const __m512i left = _mm512_max_epi32(s, zero);
+        e = _mm512_max_epi32(e, zero);
+        const __m512i sl = _mm512_sllv_epi32(a, left);
+        const __mmask16 ovf = _mm512_cmpneq_epi32_mask(_mm512_srav_epi32(sl, left), a);
+        a = _mm512_mask_mov_epi32(sl, ovf, _mm512_xor_si512(_mm512_srai_epi32(a, 31), _mm512_set1_epi32(INT32_MAX)));
+    }
+    const __m512i r30 = _mm512_set1_epi64((int64_t)1 << 30);
+    const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(a, m), r30);
+    const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(a, 32), _mm512_srli_epi64(m, 32)), r30);
+    __m512i h = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 31), _mm512_slli_epi64(po, 1));
+    h = _mm512_mask_sub_epi32(h, _mm512_cmpeq_epi32_mask(h, _mm512_set1_epi32(INT32_MIN)), h, one);
+    const __m512i mask = _mm512_sub_epi32(_mm512_sllv_epi32(one, e), one);
+    const __m512i thr = _mm512_sub_epi32(_mm512_srli_epi32(mask, 1), _mm512_srai_epi32(h, 31));
+    const __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(h, mask), thr);
+    const __m512i r = _mm512_srav_epi32(h, e);
+    return _mm512_mask_add_epi32(r, up, r, one);
+}
+
+/* mbqm_single on 16 int32 lanes, clamped to [lo, hi] (the output range less the zero point, so the
+ * 64-bit result fits int32): floor((a*m + 2^(t-1)) / 2^t), t = 31 - s in [1, 62], |a*m| <= 2^62 so
+ * the sum fits int64; round half UP (toward +inf: -2.5 -> -2) as the scalar code. */
+INL __m512i rq_v_single(__m512i a, __m512i m, __m512i s, __m512i lo, __m512i hi) {
+    const __m512i t = _mm512_sub_epi32(_mm512_set1_epi32(31), s);
+    const __m512i te = _mm512_and_si512(t, _mm512_set1_epi64(0xFFFFFFFF)), to = _mm512_srli_epi64(t, 32);
+    const __m512i one = _mm512_set1_epi64(1);
+    const __m512i re = _mm512_sllv_epi64(one, _mm512_sub_epi64(te, one));
+    const __m512i ro = _mm512_sllv_epi64(one, _mm512_sub_epi64(to, one));
+    __m512i ve = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(a, m), re), te);
+    __m512i vo = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(a, 32),
+                                                                     _mm512_srli_epi64(m, 32)), ro), to);
+    ve = _mm512_max_epi64(_mm512_min_epi64(ve, hi), lo);
+    vo = _mm512_max_epi64(_mm512_min_epi64(vo, hi), lo);
+    return _mm512_mask_blend_epi32(0xAAAA, ve, _mm512_slli_epi64(vo, 32));
+}
+
+/* mbqm_int64 on 8 int64 lanes (x = sat_add(acc, off)), clamped to [lo, hi]: x clamped to
+ * [-2^47, 2^47), |x * rm| <= 2^62, floor((x*rm + 2^(t-1)) / 2^t), t = 15 - s in [8, 46] */
+INL __m256i rq_v_int64(const int64_t *a, const int64_t *off, __mmask8 k, __m256i m, __m256i s, __m512i lo,
+                       __m512i hi) {
+    __m512i x = _mm512_maskz_loadu_epi64(k, a);
+    if (off) {
+        const __m512i b = _mm512_maskz_loadu_epi64(k, off), r = _mm512_add_epi64(x, b);
+        /* signed overflow iff x and b share a sign that r lacks; then INT64_MAX / INT64_MIN by x's sign */
+        const __mmask8 ovf = _mm512_movepi64_mask(_mm512_and_si512(_mm512_xor_si512(x, r), _mm512_xor_si512(b, r)));
+        x = _mm512_mask_mov_epi64(r, ovf, _mm512_xor_si512(_mm512_srai_epi64(x, 63), _mm512_set1_epi64(INT64_MAX)));
+    }
+    x = _mm512_max_epi64(_mm512_min_epi64(x, _mm512_set1_epi64(((int64_t)1 << 47) - 1)),
+                         _mm512_set1_epi64(-((int64_t)1 << 47)));
+    /* rm = (m + 2^15) >> 16 if m < 0x7FFF0000 else 0x7FFF (the sum may wrap only where unused) */
+    const __m256i rm32 = _mm256_mask_mov_epi32(
+        _mm256_srai_epi32(_mm256_add_epi32(m, _mm256_set1_epi32(1 << 15)), 16),
+        _mm256_cmpge_epi32_mask(m, _mm256_set1_epi32(0x7FFF0000)), _mm256_set1_epi32(0x7FFF));
+    const __m512i rm = _mm512_cvtepi32_epi64(rm32);
+    const __m512i t = _mm512_cvtepi32_epi64(_mm256_sub_epi32(_mm256_set1_epi32(15), s));
+    const __m512i one = _mm512_set1_epi64(1);
+    const __m512i rnd = _mm512_sllv_epi64(one, _mm512_sub_epi64(t, one));
+    __m512i v = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mullo_epi64(x, rm), rnd), t);
+    v = _mm512_max_epi64(_mm512_min_epi64(v, hi), lo);
+    return _mm512_cvtepi64_epi32(v);
+}
+
+INL void rq_v_store(char *out, int out16, __m512i v, __mmask16 k) {
+    if (out16) _mm512_mask_cvtepi32_storeu_epi16(out, k, v);
+    else _mm512_mask_cvtepi32_storeu_epi8(out, k, v);
+}
+
+/* one row, 16 channels a step (masked tail) */
+INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, const int cs, const int64_t *off,
+                  int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, const int out16, const int mode) {
+    /* clamp(r + zp, qmin, qmax) == clamp(r, qmin - zp, qmax - zp) + zp, the bounds within +-2^16 */
+    const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
+    const __m512i lo64 = _mm512_set1_epi64(qmin - zp), hi64 = _mm512_set1_epi64(qmax - zp);
+    const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
+    const __m512i m0 = _mm512_set1_epi32(mult[0]), s0 = _mm512_set1_epi32(shift[0]);
+    const int oe = out16 ? 2 : 1;
+    for (int64_t c = 0; c < C; c += 16) {
+        const __mmask16 k = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
+        const __m512i m = cs ? _mm512_maskz_loadu_epi32(k, mult + c) : m0;
+        const __m512i s = cs ? _mm512_maskz_loadu_epi32(k, shift + c) : s0;
+        const int64_t *oc = off ? off + c : NULL;
+        __m512i r;
+        if (mode == 0) {
+            r = rq_v_double(rq_v_acc32((const int32_t *)acc + c, oc, k), m, s);
+            r = _mm512_max_epi32(_mm512_min_epi32(r, hi32), lo32);
+        } else if (mode == 1) {
+            r = rq_v_single(rq_v_acc32((const int32_t *)acc + c, oc, k), m, s, lo64, hi64);
+        } else {
+            const __m256i rl = rq_v_int64((const int64_t *)acc + c, oc, (__mmask8)k, _mm512_castsi512_si256(m),
+                                          _mm512_castsi512_si256(s), lo64, hi64);
+            const __m256i rh = rq_v_int64((const int64_t *)acc + c + 8, oc ? oc + 8 : NULL, (__mmask8)(k >> 8),
+                                          _mm512_extracti64x4_epi64(m, 1), _mm512_extracti64x4_epi64(s, 1), lo64, hi64);
+            r = _mm512_inserti64x4(_mm512_castsi256_si512(rl), rh, 1);
+        }
+        rq_v_store(out + c * oe, out16, _mm512_add_epi32(r, vzp), k);
+    }
+}
+#endif /* TSR_AVX512 */
+
+#endif /* TESSERA_REQUANT_H */
