@@ -28,15 +28,17 @@
  *
  * Layout and parallelism.  Inputs are row views (unit inner stride, any row stride: 0 for a
  * broadcast row, 2n for a chunk of a fused projection; int64 offsets); outputs are
- * contiguous.  The NDRange is 2-D: dimension 1 is the row, dimension 0 the column, one
- * element per work-item, so neighbouring work-items touch neighbouring elements (coalesced
- * on a GPU; PoCL vectorises the work-item loop across them, 8 lanes with AVX2).  When every
- * input's rows follow each other the launcher passes the problem as one row of M*N
- * elements, so short rows do not leave lanes idle.  Each op has two kernels: <op>_<kind>
- * covers whole work-groups of columns, all inside the row, with no bound check at all, and
- * <op>_<kind>_tail covers the rest of each row (fewer columns than a work-group) and tests
- * j < N.  A check inside the main kernel -- per element, or even per work-group, uniform
- * across its work-items -- kept PoCL from vectorising the body (2.5-4x slower).
+ * contiguous.  When every input's rows follow each other the launcher passes the problem as
+ * one row of M*N elements.  The NDRange is 2-D: dimension 1 is the row, dimension 0 a span of
+ * `per` 8-element chunks of it.  A chunk is float8 arithmetic (act_<kind>8: the scalar
+ * functions lane by lane, bit-identical) loaded by tsr_ld8 and stored by tsr_st8_nt, so an
+ * fp32 output of TSR_NT size is written by aligned 8-wide streaming stores (tessera_cl.h);
+ * the row's last partial chunk goes element by element (the scalar functions).  On a CPU the
+ * launcher gives each work-item a long span (work-groups of one: PoCL vectorises across
+ * work-items only in loop-free regions, while a float8 loop is SIMD code as written, and one
+ * TSR_NT_FENCE per span, not per chunk); on a GPU, one chunk per work-item.  Before
+ * (issue #15) a work-item took one element and PoCL vectorised the work-item loop: the same
+ * arithmetic, but scalar stores that its vectoriser could not make streaming ones.
  *
  * Storage: fp32 as is, bf16 by tessera_cl.h's integer RNE, fp16 by its integer conversions
  * (bit-exact with vload_half / vstore_half_rte, which PoCL compiles as out-of-line calls that
@@ -105,66 +107,155 @@ inline float act_gelu_tanh(float x, float *d) {
     return act_lo(x) * s;
 }
 
-/* The element of this work-item: row i = dimension 1, column j = j0 + dimension 0; the
- * main kernels pass GUARD = 1, the _tail kernels j < N (see Layout above). */
-#define ACT_ELEMENT(GUARD)                                                               \
-    const long i = get_global_id(1), j = j0 + (long)get_global_id(0);                    \
-    if (GUARD)
+/* The same functions on an 8-element chunk (float8), with the scalar versions' operations in the
+ * same order, so results are bit-identical to them (NaN payloads aside).  The vector ?: selects
+ * per lane (OpenCL C); no select() or convert_*: PoCL may compile those as calls.
+ * act_exp8 is tsr_exp (tessera_cl.h) per lane, k taken from the rounding constant's bits
+ * (1.5 * 2^23 + k, |k| <= 150: equal to (int)kf) instead of a conversion. */
+inline float8 act_exp8(float8 x) {
+    float8 xc = x < -104.0f ? (float8)(-104.0f) : x;
+    xc = xc > 88.75f ? (float8)88.75f : xc;
+    const float8 kr = xc * 1.44269504088896341f + 12582912.0f;
+    const float8 kf = kr - 12582912.0f;
+    const float8 r = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    float8 p = 0.001387505210004747f;
+    p = p * r + 0.008372829295694828f;
+    p = p * r + 0.041667692363262177f;
+    p = p * r + 0.16666479408740997f;
+    p = p * r + 0.4999999403953552f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int8 k = as_int8(kr) - 0x4b400000, k1 = k >> 1, k2 = k - k1;
+    return p * as_float8((k1 + 127) << 23) * as_float8((k2 + 127) << 23);
+}
+
+inline float8 act_lo8(float8 x) { return x < -FLT_MAX ? (float8)(-FLT_MAX) : x; }
+inline float8 act_hi8(float8 x) { return x > FLT_MAX ? (float8)FLT_MAX : x; }
+
+inline float8 act_silu8(float8 x, float8 *d) {
+    const float8 e = act_exp8(-x);
+    const float8 s = 1.0f / (1.0f + e);
+    const float8 s1m = x >= 0.0f ? e * s : 1.0f - s;
+    *d = s * (1.0f + act_hi8(act_lo8(x)) * s1m);
+    return act_lo8(x) * s;
+}
+
+inline float8 act_gelu8(float8 x, float8 *d) {
+    const float8 a = as_float8(as_uint8(x) & 0x7fffffffu) * ACT_SQRT1_2;
+    const float8 e = act_exp8(-a * a);
+    const float8 t = 1.0f / (1.0f + 0.3275911f * a);
+    const float8 p = t * (0.5f * 0.254829592f + t * (0.5f * -0.284496736f + t * (0.5f * 1.421413741f +
+                   t * (0.5f * -1.453152027f + t * (0.5f * 1.061405429f)))));
+    const float8 h = p * e;
+    const float8 Phi = x >= 0.0f ? 1.0f - h : h;
+    *d = Phi + act_hi8(act_lo8(x)) * (e * ACT_INV_SQRT_2PI);
+    return act_lo8(x) * Phi;
+}
+
+inline float8 act_gelu_tanh8(float8 x, float8 *d) {
+    const float8 z = ACT_2_SQRT_2_PI * x * (1.0f + ACT_TANH_K * x * x);
+    const float8 e = act_exp8(-z);
+    const float8 s = 1.0f / (1.0f + e);
+    const float8 s1m = z >= 0.0f ? e * s : 1.0f - s;
+    float8 xd = x > 1e6f ? (float8)1e6f : x;
+    xd = xd < -1e6f ? (float8)(-1e6f) : xd;
+    const float8 dz = ACT_2_SQRT_2_PI * (1.0f + 3.0f * ACT_TANH_K * xd * xd);
+    *d = s + xd * (s * s1m) * dz;
+    return act_lo8(x) * s;
+}
+
+/* The span of this work-item: row i = dimension 1; columns [j, j1) = chunks
+ * per * id0 .. per * (id0 + 1) - 1 of 8 elements, cut at N, so only the row's last span has a
+ * partial chunk (its elements go one by one) and spans past the row are empty.  Whole chunks:
+ * float8 arithmetic and tsr_ld8 / tsr_st8_nt (streamed when aligned and TSR_NT, tessera_cl.h);
+ * the kernel ends with TSR_NT_FENCE.  `per` is the launcher's (see Layout above). */
+#define ACT_SPAN                                                                          \
+    const long i = get_global_id(1), jb = 8 * per * (long)get_global_id(0);               \
+    const long j1 = jb + 8 * per < N ? jb + 8 * per : N;                                  \
+    long j = jb;
 
 /* Parameters and bodies of the four ops: inputs with their row strides s<name> (elements),
- * then the contiguous outputs of row length N, then the first column j0 of the launch. */
-#define ACT_FWD_PARAMS __global const TSR_T *x, long sx, __global TSR_T *y, long N, long j0
+ * then the contiguous outputs of row length N, then the chunks per work-item. */
+#define ACT_FWD_PARAMS __global const TSR_T *x, long sx, __global TSR_T *y, long N, long per
 #define ACT_BWD_PARAMS __global const TSR_T *dy, long sdy, __global const TSR_T *x, long sx, \
-                       __global TSR_T *dx, long N, long j0
+                       __global TSR_T *dx, long N, long per
 #define GLU_FWD_PARAMS __global const TSR_T *gate, long sg, __global const TSR_T *up, long su, \
-                       __global TSR_T *out, long N, long j0
+                       __global TSR_T *out, long N, long per
 #define GLU_BWD_PARAMS __global const TSR_T *dy, long sdy, __global const TSR_T *gate, long sg, \
                        __global const TSR_T *up, long su, __global TSR_T *dgate, __global TSR_T *dup, \
-                       long N, long j0
+                       long N, long per
 
-#define ACT_FWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
-    float d;                                                                               \
-    act_st(y + i * N, j, F(act_ld(x + i * sx, j), &d)); }
-#define ACT_BWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
-    float d;                                                                               \
-    (void)F(act_ld(x + i * sx, j), &d);                                                    \
-    act_st(dx + i * N, j, act_ld(dy + i * sdy, j) * d); }
-#define GLU_FWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
-    float d;                                                                               \
-    const float a = F(act_ld(gate + i * sg, j), &d);                                       \
-    act_st(out + i * N, j, a * act_ld(up + i * su, j)); }
-#define GLU_BWD(F, GUARD) ACT_ELEMENT(GUARD) {                                             \
-    float d;                                                                               \
-    const float a = F(act_ld(gate + i * sg, j), &d);                                       \
-    const float g = act_ld(dy + i * sdy, j);                                               \
-    act_st(dgate + i * N, j, g * act_ld(up + i * su, j) * d);                              \
-    act_st(dup + i * N, j, g * a); }
+#define ACT_FWD(F) ACT_SPAN {                                                               \
+    __global const TSR_T *xr = x + i * sx;                                                 \
+    __global TSR_T *yr = y + i * N;                                                        \
+    for (; j + 8 <= j1; j += 8) {                                                          \
+        float8 d;                                                                          \
+        tsr_st8_nt(yr, j, F##8(tsr_ld8(xr, j), &d));                                       \
+    }                                                                                      \
+    for (; j < j1; j++) {                                                                  \
+        float d;                                                                           \
+        act_st(yr, j, F(act_ld(xr, j), &d));                                               \
+    }                                                                                      \
+    TSR_NT_FENCE(); }
+#define ACT_BWD(F) ACT_SPAN {                                                               \
+    __global const TSR_T *xr = x + i * sx, *dyr = dy + i * sdy;                            \
+    __global TSR_T *dxr = dx + i * N;                                                      \
+    for (; j + 8 <= j1; j += 8) {                                                          \
+        float8 d;                                                                          \
+        (void)F##8(tsr_ld8(xr, j), &d);                                                    \
+        tsr_st8_nt(dxr, j, tsr_ld8(dyr, j) * d);                                           \
+    }                                                                                      \
+    for (; j < j1; j++) {                                                                  \
+        float d;                                                                           \
+        (void)F(act_ld(xr, j), &d);                                                        \
+        act_st(dxr, j, act_ld(dyr, j) * d);                                                \
+    }                                                                                      \
+    TSR_NT_FENCE(); }
+#define GLU_FWD(F) ACT_SPAN {                                                               \
+    __global const TSR_T *gr = gate + i * sg, *ur = up + i * su;                           \
+    __global TSR_T *outr = out + i * N;                                                    \
+    for (; j + 8 <= j1; j += 8) {                                                          \
+        float8 d;                                                                          \
+        const float8 a = F##8(tsr_ld8(gr, j), &d);                                         \
+        tsr_st8_nt(outr, j, a * tsr_ld8(ur, j));                                           \
+    }                                                                                      \
+    for (; j < j1; j++) {                                                                  \
+        float d;                                                                           \
+        const float a = F(act_ld(gr, j), &d);                                              \
+        act_st(outr, j, a * act_ld(ur, j));                                                \
+    }                                                                                      \
+    TSR_NT_FENCE(); }
+#define GLU_BWD(F) ACT_SPAN {                                                               \
+    __global const TSR_T *gr = gate + i * sg, *ur = up + i * su, *dyr = dy + i * sdy;      \
+    __global TSR_T *dgr = dgate + i * N, *dur = dup + i * N;                               \
+    for (; j + 8 <= j1; j += 8) {                                                          \
+        float8 d;                                                                          \
+        const float8 a = F##8(tsr_ld8(gr, j), &d);                                         \
+        const float8 g = tsr_ld8(dyr, j);                                                  \
+        tsr_st8_nt(dgr, j, g * tsr_ld8(ur, j) * d);                                        \
+        tsr_st8_nt(dur, j, g * a);                                                         \
+    }                                                                                      \
+    for (; j < j1; j++) {                                                                  \
+        float d;                                                                           \
+        const float a = F(act_ld(gr, j), &d);                                              \
+        const float g = act_ld(dyr, j);                                                    \
+        act_st(dgr, j, g * act_ld(ur, j) * d);                                             \
+        act_st(dur, j, g * a);                                                             \
+    }                                                                                      \
+    TSR_NT_FENCE(); }
 
-/* <op>_<kind>: whole work-groups, unguarded; <op>_<kind>_tail: the rest of each row. */
-__kernel void act_fwd_silu(ACT_FWD_PARAMS) { ACT_FWD(act_silu, 1) }
-__kernel void act_fwd_silu_tail(ACT_FWD_PARAMS) { ACT_FWD(act_silu, j < N) }
-__kernel void act_fwd_gelu(ACT_FWD_PARAMS) { ACT_FWD(act_gelu, 1) }
-__kernel void act_fwd_gelu_tail(ACT_FWD_PARAMS) { ACT_FWD(act_gelu, j < N) }
-__kernel void act_fwd_gelu_tanh(ACT_FWD_PARAMS) { ACT_FWD(act_gelu_tanh, 1) }
-__kernel void act_fwd_gelu_tanh_tail(ACT_FWD_PARAMS) { ACT_FWD(act_gelu_tanh, j < N) }
+__kernel void act_fwd_silu(ACT_FWD_PARAMS) { ACT_FWD(act_silu) }
+__kernel void act_fwd_gelu(ACT_FWD_PARAMS) { ACT_FWD(act_gelu) }
+__kernel void act_fwd_gelu_tanh(ACT_FWD_PARAMS) { ACT_FWD(act_gelu_tanh) }
 
-__kernel void act_bwd_silu(ACT_BWD_PARAMS) { ACT_BWD(act_silu, 1) }
-__kernel void act_bwd_silu_tail(ACT_BWD_PARAMS) { ACT_BWD(act_silu, j < N) }
-__kernel void act_bwd_gelu(ACT_BWD_PARAMS) { ACT_BWD(act_gelu, 1) }
-__kernel void act_bwd_gelu_tail(ACT_BWD_PARAMS) { ACT_BWD(act_gelu, j < N) }
-__kernel void act_bwd_gelu_tanh(ACT_BWD_PARAMS) { ACT_BWD(act_gelu_tanh, 1) }
-__kernel void act_bwd_gelu_tanh_tail(ACT_BWD_PARAMS) { ACT_BWD(act_gelu_tanh, j < N) }
+__kernel void act_bwd_silu(ACT_BWD_PARAMS) { ACT_BWD(act_silu) }
+__kernel void act_bwd_gelu(ACT_BWD_PARAMS) { ACT_BWD(act_gelu) }
+__kernel void act_bwd_gelu_tanh(ACT_BWD_PARAMS) { ACT_BWD(act_gelu_tanh) }
 
-__kernel void glu_fwd_silu(GLU_FWD_PARAMS) { GLU_FWD(act_silu, 1) }
-__kernel void glu_fwd_silu_tail(GLU_FWD_PARAMS) { GLU_FWD(act_silu, j < N) }
-__kernel void glu_fwd_gelu(GLU_FWD_PARAMS) { GLU_FWD(act_gelu, 1) }
-__kernel void glu_fwd_gelu_tail(GLU_FWD_PARAMS) { GLU_FWD(act_gelu, j < N) }
-__kernel void glu_fwd_gelu_tanh(GLU_FWD_PARAMS) { GLU_FWD(act_gelu_tanh, 1) }
-__kernel void glu_fwd_gelu_tanh_tail(GLU_FWD_PARAMS) { GLU_FWD(act_gelu_tanh, j < N) }
+__kernel void glu_fwd_silu(GLU_FWD_PARAMS) { GLU_FWD(act_silu) }
+__kernel void glu_fwd_gelu(GLU_FWD_PARAMS) { GLU_FWD(act_gelu) }
+__kernel void glu_fwd_gelu_tanh(GLU_FWD_PARAMS) { GLU_FWD(act_gelu_tanh) }
 
-__kernel void glu_bwd_silu(GLU_BWD_PARAMS) { GLU_BWD(act_silu, 1) }
-__kernel void glu_bwd_silu_tail(GLU_BWD_PARAMS) { GLU_BWD(act_silu, j < N) }
-__kernel void glu_bwd_gelu(GLU_BWD_PARAMS) { GLU_BWD(act_gelu, 1) }
-__kernel void glu_bwd_gelu_tail(GLU_BWD_PARAMS) { GLU_BWD(act_gelu, j < N) }
-__kernel void glu_bwd_gelu_tanh(GLU_BWD_PARAMS) { GLU_BWD(act_gelu_tanh, 1) }
-__kernel void glu_bwd_gelu_tanh_tail(GLU_BWD_PARAMS) { GLU_BWD(act_gelu_tanh, j < N) }
+__kernel void glu_bwd_silu(GLU_BWD_PARAMS) { GLU_BWD(act_silu) }
+__kernel void glu_bwd_gelu(GLU_BWD_PARAMS) { GLU_BWD(act_gelu) }
+__kernel void glu_bwd_gelu_tanh(GLU_BWD_PARAMS) { GLU_BWD(act_gelu_tanh) }
