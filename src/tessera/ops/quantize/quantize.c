@@ -73,14 +73,7 @@ static inline float span_absmax(const float *restrict x, int64_t n) {
     _mm256_storeu_ps(lanes, _mm256_max_ps(a0, a1));
     for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
 #elif defined(TSR_NEON)
-    /* NEON's FMAX returns NaN when either operand is one: NaN lanes are zeroed first (x == x) */
-    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
-    for (; i + 8 <= n; i += 8) {
-        const float32x4_t v0 = vld1q_f32(x + i), v1 = vld1q_f32(x + i + 4);
-        a0 = vmaxq_f32(a0, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v0, v0), vreinterpretq_u32_f32(vabsq_f32(v0)))));
-        a1 = vmaxq_f32(a1, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v1, v1), vreinterpretq_u32_f32(vabsq_f32(v1)))));
-    }
-    amax = vmaxvq_f32(vmaxq_f32(a0, a1));
+    return tsr_absmax(x, n);   /* tessera_quant.h's NEON loop (NaN lanes zeroed) */
 #endif
     for (; i < n; i++) {
         const float a = tsr_nan0(fabsf(x[i]));
