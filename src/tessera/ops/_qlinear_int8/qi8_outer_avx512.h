@@ -20,7 +20,7 @@
  *
  * Packing costs one read of w and Kp * 64 bytes written per panel (a masked 32-bit gather per
  * 4 x 16 bytes); the driver uses this kernel only when M is large enough to amortise it
- * (qo_wanted).  Work items are (64-row chunk of M, panel) pairs, chunk-major, so a thread
+ * (qo_wanted).  Work items are (QO_MC-row chunk of M, panel) pairs, chunk-major, so a thread
  * reuses one chunk of activations from L2 across panels and two threads split a single-panel
  * GEMM (a conv with 64 output channels) by rows.
  */
