@@ -31,6 +31,8 @@ static inline float tsr_absmax(const float *x, int64_t n) {
         a1 = vmaxq_f32(a1, vreinterpretq_f32_u32(vandq_u32(vceqq_f32(v1, v1), vreinterpretq_u32_f32(vabsq_f32(v1)))));
     }
     amax = vmaxvq_f32(vmaxq_f32(a0, a1));
+#elif defined(TSR_RVV)
+    return tsr_rvv_absmax(x, n);   /* tessera_rvv.h: NaN lanes masked out, all n */
 #endif
     for (; i < n; i++) {
         const float a = tsr_nan0(fabsf(x[i]));

@@ -74,4 +74,65 @@ static inline int64_t tsr_rvv_f2h(uint16_t *restrict d, const float *restrict s,
     return n;
 }
 
+/* max |x| of x[0:n), NaN counted as 0 (tessera_quant.h's tsr_absmax).  NaN lanes are masked out
+ * of the accumulation (vmfeq x == x; RVV's vfmax would already skip a quiet NaN, the mask makes
+ * it independent of that); the accumulator starts at 0 and keeps its tail lanes (tumu), and max
+ * is exact, so lane order changes nothing.  LMUL 8: 32/64/128 lanes a strip at VLEN 128/256/512. */
+static inline float tsr_rvv_absmax(const float *x, int64_t n) {
+    const size_t vlmax = __riscv_vsetvlmax_e32m8();
+    vfloat32m8_t acc = __riscv_vfmv_v_f_f32m8(0.0f, vlmax);
+    for (int64_t i = 0; i < n;) {
+        const size_t vl = __riscv_vsetvl_e32m8((size_t)(n - i));
+        const vfloat32m8_t v = __riscv_vle32_v_f32m8(x + i, vl);
+        const vbool4_t ok = __riscv_vmfeq_vv_f32m8_b4(v, v, vl);
+        acc = __riscv_vfmax_vv_f32m8_tumu(ok, acc, acc, __riscv_vfabs_v_f32m8(v, vl), vl);
+        i += (int64_t)vl;
+    }
+    const vfloat32m1_t z = __riscv_vfmv_s_f_f32m1(0.0f, 1);
+    return __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredmax_vs_f32m8_f32m1(acc, z, vlmax));
+}
+
+/* min(x, 0) and max(x, 0) of x[0:n), NaN counted as 0, as above (masked min/max, exact) */
+static inline void tsr_rvv_lohi(const float *x, int64_t n, float *lo, float *hi) {
+    const size_t vlmax = __riscv_vsetvlmax_e32m8();
+    vfloat32m8_t l = __riscv_vfmv_v_f_f32m8(0.0f, vlmax), h = l;
+    for (int64_t i = 0; i < n;) {
+        const size_t vl = __riscv_vsetvl_e32m8((size_t)(n - i));
+        const vfloat32m8_t v = __riscv_vle32_v_f32m8(x + i, vl);
+        const vbool4_t ok = __riscv_vmfeq_vv_f32m8_b4(v, v, vl);
+        l = __riscv_vfmin_vv_f32m8_tumu(ok, l, l, v, vl);
+        h = __riscv_vfmax_vv_f32m8_tumu(ok, h, h, v, vl);
+        i += (int64_t)vl;
+    }
+    const vfloat32m1_t z = __riscv_vfmv_s_f_f32m1(0.0f, 1);
+    *lo = __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredmin_vs_f32m8_f32m1(l, z, vlmax));
+    *hi = __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredmax_vs_f32m8_f32m1(h, z, vlmax));
+}
+
+/* Integer codes sat(rint(nan0(x / s)), lo, hi) + off of x[0:n) (all n, strip-mined), as
+ * tessera_quant.h's tsr_quant_int and tessera_neon.h's tsr_neon_quant_ints: vfdiv is the IEEE
+ * division (correctly rounded, like the scalar x / s); NaN quotients become 0 (the clamp's
+ * vfmax runs only on ordered lanes, the others take 0 -- lo <= 0 <= hi for every caller, so that
+ * is nan0-then-clamp); the clamped value is converted by vfncvt.x.f.w under the dynamic rounding
+ * mode (round to nearest even, as rintf; in range after the clamp), offset in int16, then stored
+ * as int16 (out16) or narrowed to bytes (vncvt: truncation, the (uint8_t) / (int8_t) cast).
+ * LMUL 8 for the fp32 side.  Returns n. */
+static inline int64_t tsr_rvv_quant_ints(const float *restrict x, int64_t n, float s, float lo, float hi, int off,
+                                         int out16, void *restrict dst) {
+    const vfloat32m8_t zero = __riscv_vfmv_v_f_f32m8(0.0f, __riscv_vsetvlmax_e32m8());
+    for (int64_t i = 0; i < n;) {
+        const size_t vl = __riscv_vsetvl_e32m8((size_t)(n - i));
+        vfloat32m8_t q = __riscv_vfdiv_vf_f32m8(__riscv_vle32_v_f32m8(x + i, vl), s, vl);
+        const vbool4_t ok = __riscv_vmfeq_vv_f32m8_b4(q, q, vl);
+        q = __riscv_vfmin_vf_f32m8(__riscv_vfmax_vf_f32m8_mu(ok, zero, q, lo, vl), hi, vl);
+        const vint16m4_t c = __riscv_vadd_vx_i16m4(__riscv_vfncvt_x_f_w_i16m4(q, vl), (int16_t)off, vl);
+        if (out16)
+            __riscv_vse16_v_i16m4((int16_t *)dst + i, c, vl);
+        else
+            __riscv_vse8_v_i8m2((int8_t *)dst + i, __riscv_vncvt_x_x_w_i8m2(c, vl), vl);
+        i += (int64_t)vl;
+    }
+    return n;
+}
+
 #endif /* TESSERA_RVV_H */

@@ -22,7 +22,10 @@
  *
  * Portable C everywhere; AVX-512 (and AVX2 for the statistics) fast paths for the block
  * statistics, the integer codes and the fp8 encoders, each the same bits as the scalar code
- * (max/min are exact, the conversions round to nearest even, NaN lanes are zeroed first).
+ * (max/min are exact, the conversions round to nearest even, NaN lanes are zeroed first);
+ * NEON (tessera_neon.h / tessera_quant.h) for the statistics and the integer codes; RVV 1.0
+ * (tessera_rvv.h, vector-length agnostic) for the statistics, the integer codes and the fp8
+ * encoders.  fp32 rows are read in place (fp16/bf16 rows are converted into the scratch row).
  */
 #include "tessera_quant.h"
 
@@ -72,8 +75,8 @@ static inline float span_absmax(const float *restrict x, int64_t n) {
     float lanes[8];
     _mm256_storeu_ps(lanes, _mm256_max_ps(a0, a1));
     for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
-#elif defined(TSR_NEON)
-    return tsr_absmax(x, n);   /* tessera_quant.h's NEON loop (NaN lanes zeroed) */
+#elif defined(TSR_NEON) || defined(TSR_RVV)
+    return tsr_absmax(x, n);   /* tessera_quant.h's NEON / RVV loop (NaN lanes zeroed / masked out) */
 #endif
     for (; i < n; i++) {
         const float a = tsr_nan0(fabsf(x[i]));
@@ -118,6 +121,9 @@ static inline void span_lohi(const float *restrict x, int64_t n, float *lo_out, 
     }
     lo = vminvq_f32(l);
     hi = vmaxvq_f32(h);
+#elif defined(TSR_RVV)
+    tsr_rvv_lohi(x, n, lo_out, hi_out);   /* tessera_rvv.h: all n */
+    return;
 #endif
     for (; i < n; i++) {
         const float v = tsr_nan0(x[i]);
@@ -218,8 +224,49 @@ static inline __m512i fp8_16(const float *x, __m512 s, float qmax, int mb, uint3
 }
 #endif
 
+#if defined(TSR_RVV)
+/* fp8 codes of x[0:n) / s, vector-length agnostic (LMUL 4 for the fp32 side): fp8_16 above with
+ * RVV 1.0 -- IEEE division, NaN lanes to 0 (the clamp runs on ordered lanes only), saturate,
+ * RNE to `mb` mantissa bits by integer add, rebias; subnormals by vfcvt.x.f (round to nearest
+ * even: rintf) of |q| * 2^k, exact; the same bits as tsr_f32_to_e4m3 / _e5m2 / f32_to_e4m3fnuz. */
+static void rvv_fp8(const float *restrict x, int64_t n, float s, float qmax, int mb, uint32_t bias, float sub_lim,
+                    float sub_mul, int fnuz, uint8_t *restrict o) {
+    const vfloat32m4_t zero = __riscv_vfmv_v_f_f32m4(0.0f, __riscv_vsetvlmax_e32m4());
+    const int sh = 23 - mb;
+    for (int64_t i = 0; i < n;) {
+        const size_t vl = __riscv_vsetvl_e32m4((size_t)(n - i));
+        vfloat32m4_t q = __riscv_vfdiv_vf_f32m4(__riscv_vle32_v_f32m4(x + i, vl), s, vl);
+        const vbool8_t ok = __riscv_vmfeq_vv_f32m4_b8(q, q, vl);
+        q = __riscv_vfmin_vf_f32m4(__riscv_vfmax_vf_f32m4_mu(ok, zero, q, -qmax, vl), qmax, vl);
+        const vfloat32m4_t a = __riscv_vfabs_v_f32m4(q, vl);
+        const vuint32m4_t u = __riscv_vreinterpret_v_f32m4_u32m4(a);
+        const vuint32m4_t r = __riscv_vadd_vv_u32m4(
+            __riscv_vadd_vx_u32m4(u, (1u << (sh - 1)) - 1u, vl),
+            __riscv_vand_vx_u32m4(__riscv_vsrl_vx_u32m4(u, (size_t)sh, vl), 1u, vl), vl);
+        vuint32m4_t code = __riscv_vor_vv_u32m4(
+            __riscv_vsll_vx_u32m4(__riscv_vsub_vx_u32m4(__riscv_vsrl_vx_u32m4(r, 23, vl), bias, vl), (size_t)mb, vl),
+            __riscv_vand_vx_u32m4(__riscv_vsrl_vx_u32m4(r, (size_t)sh, vl), (1u << mb) - 1u, vl), vl);
+        const vuint32m4_t sub = __riscv_vreinterpret_v_i32m4_u32m4(
+            __riscv_vfcvt_x_f_v_i32m4(__riscv_vfmul_vf_f32m4(a, sub_mul, vl), vl));
+        code = __riscv_vmerge_vvm_u32m4(code, sub, __riscv_vmflt_vf_f32m4_b8(a, sub_lim, vl), vl);
+        vuint32m4_t sign = __riscv_vand_vx_u32m4(
+            __riscv_vsrl_vx_u32m4(__riscv_vreinterpret_v_f32m4_u32m4(q), 24, vl), 0x80u, vl);
+        if (fnuz) sign = __riscv_vmerge_vxm_u32m4(sign, 0u, __riscv_vmseq_vx_u32m4_b8(code, 0u, vl), vl);  /* no -0 */
+        code = __riscv_vor_vv_u32m4(code, sign, vl);
+        __riscv_vse8_v_u8m1(o + i, __riscv_vncvt_x_x_w_u8m1(__riscv_vncvt_x_x_w_u16m2(code, vl), vl), vl);
+        i += (int64_t)vl;
+    }
+}
+#endif
+
 static void quant_fp8(const float *restrict x, int64_t n, float s, int kind, uint8_t *restrict o) {
     int64_t i = 0;
+#if defined(TSR_RVV)
+    if (kind == QK_E4M3) rvv_fp8(x, n, s, 448.0f, 3, 120, 0.015625f, 512.0f, 0, o);
+    else if (kind == QK_E5M2) rvv_fp8(x, n, s, 57344.0f, 2, 112, 6.103515625e-05f, 65536.0f, 0, o);
+    else rvv_fp8(x, n, s, 240.0f, 3, 119, 0.0078125f, 1024.0f, 1, o);
+    return;
+#endif
 #if defined(__AVX512F__)
     const __m512 sv = _mm512_set1_ps(s);
     if (kind == QK_E4M3)
@@ -253,6 +300,8 @@ static void quant_ints(const float *restrict x, int64_t n, float s, float lo, fl
             _mm_storeu_si128((__m128i *)((uint8_t *)dst + i), _mm512_cvtepi32_epi8(q16(x + i, sv, lv, hv, ov)));
 #elif defined(TSR_NEON)
     i = tsr_neon_quant_ints(x, n, s, lo, hi, off, out16, dst);   /* tessera_neon.h */
+#elif defined(TSR_RVV)
+    i = tsr_rvv_quant_ints(x, n, s, lo, hi, off, out16, dst);    /* tessera_rvv.h: all n */
 #endif
     if (out16) {
         int16_t *o = (int16_t *)dst;
@@ -294,6 +343,13 @@ static void quant_row(const float *restrict xr, int64_t K, int64_t bc, int64_t K
     }
 }
 
+/* one row as fp32: an fp32 row in place, fp16/bf16 converted into the scratch row */
+static inline const float *load_row(float *restrict row, const char *src, int64_t K, int dtype) {
+    if (dtype == TSR_F32) return (const float *)src;
+    tsr_load_f32(row, src, K, dtype);
+    return row;
+}
+
 int tsr_quantize_blocks(const void *x, int64_t ldx, int64_t M, int64_t K, int dtype, int kind,
                         int64_t br, int64_t bc, int64_t Mb, int64_t Kb,
                         void *codes, float *scale, uint8_t *zero, int nthreads) {
@@ -315,10 +371,10 @@ int tsr_quantize_blocks(const void *x, int64_t ldx, int64_t M, int64_t K, int dt
 _Pragma("omp for schedule(static)")
             for (int64_t i = 0; i < M; i++) {
                 if (!row) { err = 1; continue; }
-                tsr_load_f32(row, (const char *)x + i * ldx * xs, K, dtype);
+                const float *xr = load_row(row, (const char *)x + i * ldx * xs, K, dtype);
                 for (int64_t kb = 0; kb < Kb; kb++) {
                     const int64_t j0 = kb * bc;
-                    st[i * Kb + kb] = stat_span(row + j0, (j0 + bc <= K ? bc : K - j0), kind);
+                    st[i * Kb + kb] = stat_span(xr + j0, (j0 + bc <= K ? bc : K - j0), kind);
                 }
             }
             free(row);
@@ -345,18 +401,18 @@ _Pragma("omp for schedule(static)")
 _Pragma("omp for schedule(static)")
         for (int64_t i = 0; i < M; i++) {
             if (!row) { err = 1; continue; }
-            tsr_load_f32(row, (const char *)x + i * ldx * xs, K, dtype);
+            const float *xr = load_row(row, (const char *)x + i * ldx * xs, K, dtype);
             float *sc = scale + (i / br) * Kb;
             uint8_t *z = zp ? zero + (i / br) * Kb : NULL;
             if (!multi) {
                 for (int64_t kb = 0; kb < Kb; kb++) {
                     const int64_t j0 = kb * bc;
                     uint8_t zz = 0;
-                    sc[kb] = block_scale(stat_span(row + j0, (j0 + bc <= K ? bc : K - j0), kind), kind, &zz);
+                    sc[kb] = block_scale(stat_span(xr + j0, (j0 + bc <= K ? bc : K - j0), kind), kind, &zz);
                     if (zp) z[kb] = zz;
                 }
             }
-            quant_row(row, K, bc, Kb, kind, sc, z, tmp, (char *)codes + i * row_bytes);
+            quant_row(xr, K, bc, Kb, kind, sc, z, tmp, (char *)codes + i * row_bytes);
         }
         free(row);
     });
