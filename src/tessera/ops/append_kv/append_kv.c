@@ -23,7 +23,13 @@ static void quant_row(const float *x, int64_t D, int fmt, void *dst, float *scal
     *scale_out = scale;
     if (fmt == AKV_I8) {
         int8_t *o = (int8_t *)dst;
-        for (int64_t d = 0; d < D; d++) o[d] = (int8_t)tsr_quant_int(x[d] / scale, -127.0f, 127.0f);
+        int64_t d = 0;   /* NEON / RVV codes: the same integers (tessera_neon.h, tessera_rvv.h) */
+#if defined(TSR_NEON)
+        d = tsr_neon_quant_ints(x, D, scale, -127.0f, 127.0f, 0, 0, o);
+#elif defined(TSR_RVV)
+        d = tsr_rvv_quant_ints(x, D, scale, -127.0f, 127.0f, 0, 0, o);
+#endif
+        for (; d < D; d++) o[d] = (int8_t)tsr_quant_int(x[d] / scale, -127.0f, 127.0f);
     } else {
         uint8_t *o = (uint8_t *)dst;
         for (int64_t d = 0; d < D; d++) o[d] = tsr_f32_to_e4m3(x[d] / scale);

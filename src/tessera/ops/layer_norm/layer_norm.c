@@ -35,6 +35,50 @@ static float *const_row(const float *p, int64_t Np, float v) {
     return o;
 }
 
+#if defined(TSR_NEON)
+/* One fp32 row without residual on 4-lane registers, the same three passes and formulas as
+ * fwd_rows (shift = x[0], delta = mean - shift, rstd from the centred squares; y = ((x - shift)
+ * - delta) * rstd * w + b): gcc's lowering of the 32-lane blocks moves every block through the
+ * stack (~1.8x the instructions).  Sums run in 16 lanes (4 registers), then across. */
+static void neon_row_f32(const float *restrict x, const float *restrict w, const float *restrict b,
+                         float *restrict y, int64_t N, float eps, float *mean, float *rstd) {
+    const float shift = x[0];
+    const float32x4_t vs = vdupq_n_f32(shift);
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    int64_t j = 0;
+    for (; j + 16 <= N; j += 16) {
+        const float32x4x4_t v = vld1q_f32_x4(x + j);
+        a0 = vaddq_f32(a0, vsubq_f32(v.val[0], vs)); a1 = vaddq_f32(a1, vsubq_f32(v.val[1], vs));
+        a2 = vaddq_f32(a2, vsubq_f32(v.val[2], vs)); a3 = vaddq_f32(a3, vsubq_f32(v.val[3], vs));
+    }
+    float t = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+    for (; j < N; j++) t += x[j] - shift;
+    const float delta = t / (float)N;
+    const float32x4_t vd = vdupq_n_f32(delta);
+    a0 = vdupq_n_f32(0.0f); a1 = a0; a2 = a0; a3 = a0;
+    for (j = 0; j + 16 <= N; j += 16) {
+        const float32x4x4_t v = vld1q_f32_x4(x + j);
+        const float32x4_t d0 = vsubq_f32(vsubq_f32(v.val[0], vs), vd), d1 = vsubq_f32(vsubq_f32(v.val[1], vs), vd);
+        const float32x4_t d2 = vsubq_f32(vsubq_f32(v.val[2], vs), vd), d3 = vsubq_f32(vsubq_f32(v.val[3], vs), vd);
+        a0 = vfmaq_f32(a0, d0, d0); a1 = vfmaq_f32(a1, d1, d1);
+        a2 = vfmaq_f32(a2, d2, d2); a3 = vfmaq_f32(a3, d3, d3);
+    }
+    t = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+    for (; j < N; j++) { const float d = (x[j] - shift) - delta; t = fmaf(d, d, t); }
+    const float r = 1.0f / sqrtf(t / (float)N + eps);
+    *mean = shift + delta;
+    *rstd = r;
+    for (j = 0; j + 16 <= N; j += 16) {
+        const float32x4x4_t v = vld1q_f32_x4(x + j), wv = vld1q_f32_x4(w + j), bv = vld1q_f32_x4(b + j);
+        float32x4x4_t o;
+        for (int k = 0; k < 4; k++)
+            o.val[k] = vfmaq_f32(bv.val[k], vmulq_n_f32(vsubq_f32(vsubq_f32(v.val[k], vs), vd), r), wv.val[k]);
+        vst1q_f32_x4(y + j, o);
+    }
+    for (; j < N; j++) y[j] = fmaf(((x[j] - shift) - delta) * r, w[j], b[j]);
+}
+#endif
+
 ROWS fwd_rows(const char *x, int64_t sx, const char *res, int64_t sr, const float *w, const float *b,
               char *y, char *h, float *mean, float *rstd, float *hs, int64_t i0, int64_t i1, int64_t M,
               int64_t N, float eps, int nt, const int has_res, const int dtype) {
@@ -42,6 +86,12 @@ ROWS fwd_rows(const char *x, int64_t sx, const char *res, int64_t sr, const floa
     for (int64_t i = i0; i < i1; i++) {
         const char *xr = x + i * sx * es, *rr = has_res ? res + i * sr * es : NULL;
         char *yr = y + i * N * es, *hr = has_res ? h + i * N * es : NULL;
+#if defined(TSR_NEON)
+        if (dtype == TSR_F32 && !has_res) {
+            neon_row_f32((const float *)xr, w, b, (float *)yr, N, eps, mean + i, rstd + i);
+            continue;
+        }
+#endif
         const int nth = nt && tsr_aligned64(hr), nty = nt && tsr_aligned64(yr);
         /* the shift: h[0] exactly as stored (x[0] + residual[0] rounded to the dtype) */
         tsr_blk s = tsr_blk_load(xr, 0, 1, dtype, 0.0f, 1);

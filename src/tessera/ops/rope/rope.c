@@ -77,6 +77,25 @@ RI tsr_v16 rot_exact(tsr_v16 a, tsr_v16 c, tsr_v16 b, tsr_v16 s) {
         memcpy((char *)&r + 32 * half, &o, 32);
     }
     return r;
+#elif defined(TSR_NEON)
+    /* the same transformation on 4-lane quarters: FMLA is fused, FMINNM returns FLT_MAX for a NaN e */
+    tsr_v16 r;
+    for (int q = 0; q < 4; q++) {
+        float32x4_t av, cv, bv, sv;
+        memcpy(&av, (const char *)&a + 16 * q, 16); memcpy(&cv, (const char *)&c + 16 * q, 16);
+        memcpy(&bv, (const char *)&b + 16 * q, 16); memcpy(&sv, (const char *)&s + 16 * q, 16);
+        const float32x4_t p = vmulq_f32(bv, sv);
+        const float32x4_t e = vminnmq_f32(vfmaq_f32(vnegq_f32(p), bv, sv), vdupq_n_f32(3.4028235e38f));
+        const float32x4_t o = vaddq_f32(vfmaq_f32(p, av, cv), e);
+        memcpy((char *)&r + 16 * q, &o, 16);
+    }
+    return r;
+#elif defined(TSR_RVV) && defined(__has_builtin) && __has_builtin(__builtin_elementwise_fma) && \
+    __has_builtin(__builtin_elementwise_min)
+    /* RVV (clang): vfmul, vfmsub-style fused ops and vfmin (minNum: FLT_MAX for a NaN e) on 16 lanes */
+    const tsr_v16 p = b * s;
+    const tsr_v16 e = __builtin_elementwise_min(__builtin_elementwise_fma(b, s, -p), (tsr_v16){} + 3.4028235e38f);
+    return __builtin_elementwise_fma(a, c, p) + e;
 #else
     tsr_v16 r;
     for (int l = 0; l < 16; l++) r[l] = (float)((double)a[l] * (double)c[l] + (double)b[l] * (double)s[l]);
@@ -103,11 +122,43 @@ RI tsr_v16 swap_pairs(tsr_v16 x) {
 #endif
 }
 
+#if defined(TSR_NEON)
+/* rot_exact on one 4-lane register (FMINNM: FLT_MAX for a NaN e) and on one lane (fminf: the same) */
+RI float32x4_t rot4(float32x4_t a, float32x4_t c, float32x4_t b, float32x4_t s) {
+    const float32x4_t p = vmulq_f32(b, s);
+    const float32x4_t e = vminnmq_f32(vfmaq_f32(vnegq_f32(p), b, s), vdupq_n_f32(3.4028235e38f));
+    return vaddq_f32(vfmaq_f32(p, a, c), e);
+}
+RI float rot1(float a, float c, float b, float s) {
+    const float p = b * s;
+    return fmaf(a, c, p) + fminf(fmaf(b, s, -p), 3.4028235e38f);
+}
+#endif
+
 /* One head row: 32-element blocks (tsr_blk: two 16-lane fp32 vectors, see tessera_cpu.h);
  * each block store is one 64-byte line for fp16/bf16 (two for fp32), streamed when nt.
  * The angle tables are padded to whole blocks. */
 RI void rot_row_half(const char *x, char *o, const float *c, const float *s, const float *sn, int64_t h,
                      const int nt, const int dtype) {
+#if defined(TSR_NEON)
+    if (dtype == TSR_F32) {   /* 4-lane registers straight from the rows: no 16-lane block shuffling */
+        const float *x1 = (const float *)x, *x2 = x1 + h;
+        float *o1 = (float *)o, *o2 = o1 + h;
+        int64_t i = 0;
+        for (; i + 4 <= h; i += 4) {
+            const float32x4_t a = vld1q_f32(x1 + i), b = vld1q_f32(x2 + i), cv = vld1q_f32(c + i);
+            vst1q_f32(o1 + i, rot4(a, cv, b, vld1q_f32(sn + i)));
+            vst1q_f32(o2 + i, rot4(b, cv, a, vld1q_f32(s + i)));
+        }
+        for (; i < h; i++) {
+            const float a = x1[i], b = x2[i];
+            o1[i] = rot1(a, c[i], b, sn[i]);
+            o2[i] = rot1(b, c[i], a, s[i]);
+        }
+        (void)nt;
+        return;
+    }
+#endif
     const int64_t off = h * tsr_elsize(TSR_IO(dtype));
     TSR_FOR_BLOCKS(j, h, {
         tsr_blk x1 = tsr_blk_load(x, j, h, dtype, 0.0f, tail), x2 = tsr_blk_load(x + off, j, h, dtype, 0.0f, tail);

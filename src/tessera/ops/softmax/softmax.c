@@ -67,6 +67,40 @@ static inline float safe_inv(float s) { return s == 0.0f ? 0.0f : 1.0f / s; }
  * them; they still reach the sum through exp and make the whole row NaN. */
 static inline float load_max(float *restrict buf, const void *restrict src, int64_t n, int dtype) {
     float m = -INFINITY;
+#if defined(TSR_NEON) || defined(TSR_RVV)
+    /* NEON FMAXNM / RVV vfmax return the number when one operand is NaN: NaN entries are skipped
+     * as above (a -0 / +0 tie may pick the other zero: x - (+-0) and exp are the same either way) */
+    if (dtype == TSR_F32) {
+        const float *s = (const float *)src;
+        int64_t j = 0;
+#if defined(TSR_NEON)
+        float32x4_t m0 = vdupq_n_f32(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+        for (; j + 16 <= n; j += 16) {
+            const float32x4x4_t v = vld1q_f32_x4(s + j);
+            vst1q_f32_x4(buf + j, v);
+            m0 = vmaxnmq_f32(m0, v.val[0]);
+            m1 = vmaxnmq_f32(m1, v.val[1]);
+            m2 = vmaxnmq_f32(m2, v.val[2]);
+            m3 = vmaxnmq_f32(m3, v.val[3]);
+        }
+        m = vmaxnmvq_f32(vmaxnmq_f32(vmaxnmq_f32(m0, m1), vmaxnmq_f32(m2, m3)));
+#else
+        const size_t vlmax = __riscv_vsetvlmax_e32m8();
+        vfloat32m8_t acc = __riscv_vfmv_v_f_f32m8(-INFINITY, vlmax);
+        for (; j < n;) {
+            const size_t vl = __riscv_vsetvl_e32m8((size_t)(n - j));
+            const vfloat32m8_t v = __riscv_vle32_v_f32m8(s + j, vl);
+            __riscv_vse32_v_f32m8(buf + j, v, vl);
+            acc = __riscv_vfmax_vv_f32m8_tu(acc, acc, v, vl);
+            j += (int64_t)vl;
+        }
+        m = __riscv_vfmv_f_s_f32m1_f32(
+            __riscv_vfredmax_vs_f32m8_f32m1(acc, __riscv_vfmv_s_f_f32m1(-INFINITY, 1), vlmax));
+#endif
+        for (; j < n; j++) { const float v = s[j]; buf[j] = v; m = v > m ? v : m; }
+        return m;
+    }
+#endif
     if (dtype == TSR_F32) {
         const float *s = (const float *)src;
 #pragma omp simd reduction(max : m)
@@ -197,6 +231,45 @@ static inline float row_exp_sum(float *restrict r, int64_t n, float shift, const
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
+#elif defined(TSR_NEON)
+/* sm_exp on 4 lanes (the same reduction, polynomial and select), 8 values an iteration: gcc's own
+ * NEON of the scalar loop is ~1.7x longer */
+static inline float32x4_t sm_exp4(float32x4_t x) {
+    const float32x4_t magic = vdupq_n_f32(12582912.0f);
+    const float32x4_t kf = vfmaq_f32(magic, x, vdupq_n_f32(1.44269504088896341f));
+    const float32x4_t k = vsubq_f32(kf, magic);
+    float32x4_t r = vfmaq_f32(x, k, vdupq_n_f32(-0.693359375f));
+    r = vfmaq_f32(r, k, vdupq_n_f32(2.12194440e-4f));
+    float32x4_t p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), vdupq_n_f32(1.9875691500e-4f), r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vaddq_f32(vfmaq_f32(r, p, vmulq_f32(r, r)), vdupq_n_f32(1.0f));
+    const uint32x4_t e = vaddq_u32(vshlq_n_u32(vreinterpretq_u32_f32(kf), 23), vdupq_n_u32(127u << 23));
+    const float32x4_t res = vmulq_f32(p, vreinterpretq_f32_u32(e));
+    /* x < -87.34 (-inf included) -> 0; NaN fails the compare and propagates */
+    return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(res),
+                                           vcltq_f32(x, vdupq_n_f32(-87.33654022216797f))));
+}
+
+static inline float row_exp_sum(float *restrict r, int64_t n, float shift, const char *next, int es) {
+    const float32x4_t vs = vdupq_n_f32(shift);
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const float32x4_t e0 = sm_exp4(vsubq_f32(vld1q_f32(r + j), vs));
+        const float32x4_t e1 = sm_exp4(vsubq_f32(vld1q_f32(r + j + 4), vs));
+        vst1q_f32(r + j, e0);
+        vst1q_f32(r + j + 4, e1);
+        a0 = vaddq_f32(a0, e0);
+        a1 = vaddq_f32(a1, e1);
+    }
+    float s = vaddvq_f32(vaddq_f32(a0, a1));
+    for (; j < n; j++) { const float e = sm_exp(r[j] - shift); r[j] = e; s += e; }
+    prefetch_row(next, n, es);
+    return s;
+}
 #else
 static inline float row_exp_sum(float *restrict r, int64_t n, float shift, const char *next, int es) {
     float s = 0.0f;
@@ -294,6 +367,18 @@ static void finish_row(char *restrict dst, float *restrict buf, const float *res
 #endif
     if (dtype == TSR_F32 && !nt) {
         float *d = (float *)dst;
+#if defined(TSR_NEON)
+        if (!bwd) {   /* 16 an iteration (gcc's own loop runs 4) */
+            int64_t j = 0;
+            for (; j + 16 <= n; j += 16) {
+                float32x4x4_t v = vld1q_f32_x4(buf + j);
+                for (int k = 0; k < 4; k++) v.val[k] = vmulq_n_f32(v.val[k], a);
+                vst1q_f32_x4(d + j, v);
+            }
+            for (; j < n; j++) d[j] = buf[j] * a;
+            return;
+        }
+#endif
         if (bwd) {
 #pragma omp simd
             for (int64_t j = 0; j < n; j++) d[j] = aux[j] * (buf[j] - a);
