@@ -82,10 +82,15 @@ def test_bad_vlen_is_a_clear_error(monkeypatch):
 # what each target's hot kernels must contain: a silent scalar fallback has none of it
 VECTOR = {
     "cpu:aarch64": {"fp": [r"\bfmla\s+v\d+\.4s"], "quant": [r"\bfmul\s+v\d+\.4s"],
+                    # quantize_blocks' codes: IEEE divide, round-to-nearest-even convert, narrowing
+                    "qcodes": [r"\bfmul\s+v\d+\.4s", r"\bfdiv\s+v\d+\.4s", r"\bfcvtns\s+v\d+\.4s",
+                               r"\bxtn2?\s+v"],
                     "int": [r"\b(smull2?|smlal2?)\s+v\d+"],
                     "conv": [r"\bfcvtl2?\s+v", r"\bfcvtn2?\s+v"]},
     "cpu:riscv64": {"fp": [r"\bvsetvli|\bvsetivli", r"\bvl(e|\dre)(8|16|32)\.v", r"\bvfmacc\.v|\bvfmadd\.v"],
                     "quant": [r"\bvsetvli|\bvsetivli", r"\bvfmul\.v"],
+                    "qcodes": [r"\bvsetvli|\bvsetivli", r"\bvfmul\.v", r"\bvle32\.v", r"\bvfdiv\.vf",
+                               r"\bvfncvt\.x\.f\.w", r"\bvnsrl\.w", r"\bvfredmax\.vs"],
                     "int": [r"\bvsetvli|\bvsetivli", r"\bvwmacc\.v|\bvwmul\.v|\bvmacc\.v"],
                     "conv": [r"\bvsetvli", r"\bvzext\.vf2", r"\bvnsrl\.w"]},
 }
@@ -121,15 +126,22 @@ def test_hot_kernels_are_vectorised(backend):
                          check=True).stdout
     fns = _functions(dis)
     for fn in cross.KERNELS:
-        # the entry point plus the file-local functions it calls (activations.c's act_run)
-        body = fns[fn]
-        for callee in set(re.findall(r"<([A-Za-z_][\w.]*)>", body)):   # incl. gcc clones (f.constprop.3)
-            if callee in fns and not callee.startswith("__") and callee not in ("free", "malloc", "memcpy",
-                                                                              "memset", "aligned_alloc"):
-                body += fns[callee]
+        # the entry point plus the file-local functions it calls, two calls deep (activations.c's act_run;
+        # tsr_qi8_mm -> qi8_run -> block where clang keeps qi8_run out of line)
+        body, seen, level = fns[fn], {fn}, [fn]
+        for _ in range(2):
+            nxt = []
+            for f in level:
+                for callee in set(re.findall(r"<([A-Za-z_][\w.]*)>", fns[f])):   # incl. gcc clones (f.constprop.3)
+                    if callee in fns and callee not in seen and not callee.startswith("__") and callee not in (
+                            "free", "malloc", "memcpy", "memset", "aligned_alloc"):
+                        seen.add(callee)
+                        nxt.append(callee)
+                        body += fns[callee]
+            level = nxt
         # the int8 GEMM: integer multiply-accumulates; append_kv: row conversions (and int8 scales)
-        kind = ("quant" if "quantize" in fn else "conv" if fn in ("tsr_runner_convert", "tsr_append_kv") else
-                "int" if fn == "tsr_qi8_mm" else "fp")
+        kind = ("qcodes" if fn == "tsr_quantize_blocks" else "quant" if "quantize" in fn else
+                "conv" if fn in ("tsr_runner_convert", "tsr_append_kv") else "int" if fn == "tsr_qi8_mm" else "fp")
         for pat in VECTOR[backend][kind]:
             assert re.search(pat, body), f"{backend}: {fn} has no {pat!r}: a scalar build?"
     # run-time-selected micro-kernels, anywhere below the entry point (called, not inlined)
@@ -439,12 +451,15 @@ def test_build_library_and_run_example(target, tmp_path):
 def test_instruction_counts_vector_beats_portable():
     """`tessera bench --target`'s numbers (qemu exec traces, not time): every row of the RVV build
     executes fewer instructions per element than the same source built without the vector unit,
-    and the counting itself is sane (positive, finite)."""
+    and the counting itself is sane (positive, finite); from VLEN 256 on, at least 4x fewer on every
+    row (issue #14's target: a row that falls back to scalar code fails here)."""
     from tessera.bench import icount
     rows = icount.per_element("riscv64", n=256)
     assert {r["op"] for r in rows} == set(icount._workloads())
     for r in rows:
         assert 0 < r["vector"] < r["portable"], r
+        if cross.rvv_vlen() >= 256:
+            assert r["ratio"] >= 4.0, r
 
 
 @need
