@@ -58,6 +58,25 @@ def test_fuzz_conv2d_vs_reference(backend, dtype):
     check()
 
 
+@pytest.mark.parametrize("backend", NATIVE)
+@pytest.mark.parametrize("xs,k,layout,conv", [
+    ((1, 133, 3, 5), 3, "cl", dict(padding=1)),     # 8 channel blocks + a 5-channel tail on 3 rows: channel chunks
+    ((2, 160, 2, 9), 3, "nchw", dict(padding=1, stride=(1, 2))),  # chunks, stride-2 border tiles
+    ((1, 48, 5, 30), 3, "cl", dict(padding=2, dilation=2)),       # border tiles both sides, interior tiles
+    ((1, 40, 3, 25), 5, "clview", dict(padding=(1, 3))),          # 5x5: the generic interior path, a partial tile
+    ((1, 32, 4, 12), 9, "cl", dict(padding=4)),      # 81 taps: beyond the pointer table, one pixel at a time
+    ((1, 16, 1, 1), 3, "cl", dict(padding=1)),       # every tap but the centre reads the zero row
+])
+def test_depthwise_tiles_and_chunks(backend, xs, k, layout, conv, monkeypatch):
+    """The depthwise kernel's paths (interior tiles, border tiles through the zero-row pointer table,
+    the large-kernel fallback, channel chunks for short images with many channels) vs float64."""
+    monkeypatch.setenv("TESSERA_DISPATCH", "kernel")
+    c = xs[1]
+    case = _build(f"dw-{xs}-k{k}", xs, (c, 1, k, k), layout=layout, groups=c, activation="relu6", **conv)
+    r = run_case(SPEC, backend, torch.float32, case)
+    assert r.ok, r.why
+
+
 @pytest.mark.parametrize("backend", ["reference"] + NATIVE)
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["nchw", "cl"])
 def test_output_memory_format_follows_x(backend, fmt):

@@ -254,43 +254,75 @@ int tsr_conv2d_fwd(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C
 
 /* ------------------------------------------------------------------ depthwise forward */
 /* x: fp32 NHWC [N][H][W][C], unpadded; the zero padding (pt, pl; bottom/right implied by OH/OW)
- * is virtual: taps outside x are skipped.  Channels in blocks of 16 (one vector); 8 output
- * pixels of a row in registers share each tap's weight vector.  A tile whose taps all lie
- * inside x's columns takes the branch-free path; border pixels check each column.  Channel
- * tails (C % 16) take a scalar loop. */
+ * is virtual.  Channels in blocks of 16 (one vector); a tile of 8 output pixels of a row stays
+ * in registers and shares each tap's weight vector.  Tiles whose taps all lie inside x take the
+ * branch-free path (3x3 stride 1: a sliding window, 10 input vectors serve 24 FMAs); the border
+ * tiles (first and last of a row, any row whose window leaves x, and rows narrower than a tile)
+ * read through a table of one pointer per (tap, pixel) built once per tile, where a tap outside
+ * x points into a zero row (XNNPACK's indirection idea), so they run the same 8-wide FMAs as
+ * the interior instead of one pixel at a time.  Work is split over (row, channel chunk) so that
+ * small images with many channels (7x7x960) still occupy every thread.  Channel tails (C % 16)
+ * take a scalar loop. */
 #define DW_P 8
+#define DW_MAXTAPS 64  /* the pointer table (taps x 8) lives on the stack up to 8x8 kernels */
+
+static inline void dw_store8(cv16 a0, cv16 a1, cv16 a2, cv16 a3, cv16 a4, cv16 a5, cv16 a6, cv16 a7,
+                             int64_t np, int act, void *out, int64_t base, int64_t ow_s, int64_t oc, int dtype) {
+    const cv16 a[DW_P] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int64_t p = 0; p < np; p++) store_vec(a[p], act, out, base + p * ow_s, oc, dtype);
+}
+
 int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C, const float *wp,
                       const float *bias, void *out, int dtype, int64_t on, int64_t oc, int64_t oh_s, int64_t ow_s,
                       int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh,
                       int64_t dw, int64_t pt, int64_t pl, int act, int threads) {
-    const int64_t cfull = C / 16 * 16;
+    const int64_t cfull = C / 16 * 16, nblk = C / 16, taps = KH * KW;
     const int64_t ps = sw * C;  /* next output pixel's input offset */
     const int k3s1 = KW == 3 && sw == 1 && dw == 1;
     /* output columns whose taps all lie inside x: ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw < W */
     const int64_t ow_lo = (pl + sw - 1) / sw;
     int64_t ow_hi = W - 1 - (KW - 1) * dw + pl < 0 ? 0 : (W - 1 - (KW - 1) * dw + pl) / sw + 1;
     if (ow_hi > OW) ow_hi = OW;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(tsr_threads(threads))
-    for (int64_t n = 0; n < N; n++) {
-        for (int64_t oh = 0; oh < OH; oh++) {
+    float *zeros = NULL;  /* what a tap outside x reads: C (+ a vector of slack) zeros */
+    if (taps <= DW_MAXTAPS && nblk) {
+        zeros = calloc((size_t)(C + 16), sizeof(float));
+        if (!zeros) return TSR_ENOMEM;
+    }
+    /* tasks: rows x channel chunks; chunk the channels only when the rows alone are too few to
+     * balance the threads (a chunk keeps >= 4 blocks so the per-tile pointer table amortises).
+     * Row-major over all channels reads x as contiguous rows (the prefetchers' best case):
+     * channel bands outer, to keep a band's rows in L1, measured slower (1.3x at 144 x 56 x 56,
+     * 2.2x at stride 2). */
+    const int nth = tsr_threads(threads);
+    const int64_t rows = N * OH;
+    int64_t nch = 1;
+    if (rows < 8 * (int64_t)nth) {
+        nch = (8 * (int64_t)nth + rows - 1) / rows;
+        if (nch > nblk / 4) nch = nblk / 4;
+        if (nch < 1) nch = 1;
+    }
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nth)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t ch = 0; ch < nch; ch++) {
+            const int64_t n = r / OH, oh = r % OH;
             const int64_t ih0 = oh * sh - pt;
             int64_t kh0 = 0, kh1 = KH;  /* taps whose row lies inside x */
             while (kh0 < KH && ih0 + kh0 * dh < 0) kh0++;
             while (kh1 > kh0 && ih0 + (kh1 - 1) * dh >= H) kh1--;
             const float *ximg = x + n * H * W * C;
-            for (int64_t c0 = 0; c0 < cfull; c0 += 16) {
-                cv16 b = (cv16){0};
-                if (bias) b = *(const cv16u *)(bias + c0);
-                /* interior columns [ow_lo, ow_hi): every tap inside x; 8-pixel tiles there, single
-                 * pixels with per-tap column checks elsewhere */
-                int64_t ow0 = 0;
-                while (ow0 < OW) {
-                    const int64_t iw0 = ow0 * sw - pl;
-                    if (ow0 >= ow_lo && ow0 + DW_P <= ow_hi) {
-                        const int64_t base = n * on + c0 * oc + oh * oh_s + ow0 * ow_s;
+            const int64_t cb0 = nblk * ch / nch * 16, cb1 = nblk * (ch + 1) / nch * 16;
+            int64_t ow0 = 0;
+            while (ow0 < OW && cb1 > cb0) {
+                const int64_t iw0 = ow0 * sw - pl;
+                const int64_t np = OW - ow0 < DW_P ? OW - ow0 : DW_P;
+                const int64_t base0 = n * on + oh * oh_s + ow0 * ow_s;
+                if (ow0 >= ow_lo && ow0 + DW_P <= ow_hi) {  /* interior: every column inside x */
+                    for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
+                        cv16 b = (cv16){0};
+                        if (bias) b = *(const cv16u *)(bias + c0);
                         /* named accumulators: the allocator keeps all 8 in registers */
                         cv16 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;
-                        if (k3s1) {  /* 3 taps, unit stride and dilation: 10 input vectors serve 24 FMAs */
+                        if (k3s1) {
                             for (int64_t kh = kh0; kh < kh1; kh++) {
                                 const float *xt = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
                                 const float *wk = wp + kh * 3 * C + c0;
@@ -310,60 +342,87 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
                                 a6 += x6 * w0 + x7 * w1 + x8 * w2;
                                 a7 += x7 * w0 + x8 * w1 + x9 * w2;
                             }
-                        } else
-                        for (int64_t kh = kh0; kh < kh1; kh++) {
-                            const float *xk = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
-                            const float *wk = wp + kh * KW * C + c0;
-                            for (int64_t kw = 0; kw < KW; kw++) {
-                                const cv16 wv = *(const cv16u *)(wk + kw * C);
-                                const float *xt = xk + kw * dw * C;
-                                a0 += *(const cv16u *)(xt) * wv;
-                                a1 += *(const cv16u *)(xt + ps) * wv;
-                                a2 += *(const cv16u *)(xt + 2 * ps) * wv;
-                                a3 += *(const cv16u *)(xt + 3 * ps) * wv;
-                                a4 += *(const cv16u *)(xt + 4 * ps) * wv;
-                                a5 += *(const cv16u *)(xt + 5 * ps) * wv;
-                                a6 += *(const cv16u *)(xt + 6 * ps) * wv;
-                                a7 += *(const cv16u *)(xt + 7 * ps) * wv;
+                        } else {
+                            for (int64_t kh = kh0; kh < kh1; kh++) {
+                                const float *xk = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
+                                const float *wk = wp + kh * KW * C + c0;
+                                for (int64_t kw = 0; kw < KW; kw++) {
+                                    const cv16 wv = *(const cv16u *)(wk + kw * C);
+                                    const float *xt = xk + kw * dw * C;
+                                    a0 += *(const cv16u *)(xt) * wv;
+                                    a1 += *(const cv16u *)(xt + ps) * wv;
+                                    a2 += *(const cv16u *)(xt + 2 * ps) * wv;
+                                    a3 += *(const cv16u *)(xt + 3 * ps) * wv;
+                                    a4 += *(const cv16u *)(xt + 4 * ps) * wv;
+                                    a5 += *(const cv16u *)(xt + 5 * ps) * wv;
+                                    a6 += *(const cv16u *)(xt + 6 * ps) * wv;
+                                    a7 += *(const cv16u *)(xt + 7 * ps) * wv;
+                                }
                             }
                         }
-                        store_vec(a0, act, out, base, oc, dtype);
-                        store_vec(a1, act, out, base + ow_s, oc, dtype);
-                        store_vec(a2, act, out, base + 2 * ow_s, oc, dtype);
-                        store_vec(a3, act, out, base + 3 * ow_s, oc, dtype);
-                        store_vec(a4, act, out, base + 4 * ow_s, oc, dtype);
-                        store_vec(a5, act, out, base + 5 * ow_s, oc, dtype);
-                        store_vec(a6, act, out, base + 6 * ow_s, oc, dtype);
-                        store_vec(a7, act, out, base + 7 * ow_s, oc, dtype);
-                        ow0 += DW_P;
-                        continue;
+                        dw_store8(a0, a1, a2, a3, a4, a5, a6, a7, DW_P, act, out, base0 + c0 * oc, ow_s, oc, dtype);
                     }
-                    cv16 a0 = b;  /* one pixel, checking each tap's column */
-                    for (int64_t kh = kh0; kh < kh1; kh++)
-                        for (int64_t kw = 0; kw < KW; kw++) {
-                            const int64_t c = iw0 + kw * dw;
-                            if (c < 0 || c >= W) continue;
-                            a0 += *(const cv16u *)(ximg + ((ih0 + kh * dh) * W + c) * C + c0)
-                                  * *(const cv16u *)(wp + (kh * KW + kw) * C + c0);
+                } else if (zeros) {  /* border tile: one pointer per (tap, pixel), zeros outside x */
+                    const float *tp[DW_MAXTAPS][DW_P];
+                    for (int64_t kh = 0; kh < KH; kh++) {
+                        const int64_t ih = ih0 + kh * dh;
+                        for (int64_t kw = 0; kw < KW; kw++)
+                            for (int64_t p = 0; p < DW_P; p++) {
+                                const int64_t iw = iw0 + p * sw + kw * dw;
+                                tp[kh * KW + kw][p] = (p < np && ih >= 0 && ih < H && iw >= 0 && iw < W)
+                                                      ? ximg + (ih * W + iw) * C : zeros;
+                            }
+                    }
+                    for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
+                        cv16 b = (cv16){0};
+                        if (bias) b = *(const cv16u *)(bias + c0);
+                        cv16 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;
+                        for (int64_t t = 0; t < taps; t++) {
+                            const cv16 wv = *(const cv16u *)(wp + t * C + c0);
+                            a0 += *(const cv16u *)(tp[t][0] + c0) * wv;
+                            a1 += *(const cv16u *)(tp[t][1] + c0) * wv;
+                            a2 += *(const cv16u *)(tp[t][2] + c0) * wv;
+                            a3 += *(const cv16u *)(tp[t][3] + c0) * wv;
+                            a4 += *(const cv16u *)(tp[t][4] + c0) * wv;
+                            a5 += *(const cv16u *)(tp[t][5] + c0) * wv;
+                            a6 += *(const cv16u *)(tp[t][6] + c0) * wv;
+                            a7 += *(const cv16u *)(tp[t][7] + c0) * wv;
                         }
-                    store_vec(a0, act, out, n * on + c0 * oc + oh * oh_s + ow0 * ow_s, oc, dtype);
-                    ow0++;
-                }
-            }
-            for (int64_t c = cfull; c < C; c++) {  /* channel tail */
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    float a = bias ? bias[c] : 0.f;
-                    for (int64_t kh = kh0; kh < kh1; kh++)
-                        for (int64_t kw = 0; kw < KW; kw++) {
-                            const int64_t iw = ow * sw - pl + kw * dw;
-                            if (iw < 0 || iw >= W) continue;
-                            a += ximg[((ih0 + kh * dh) * W + iw) * C + c] * wp[(kh * KW + kw) * C + c];
+                        dw_store8(a0, a1, a2, a3, a4, a5, a6, a7, np, act, out, base0 + c0 * oc, ow_s, oc, dtype);
+                    }
+                } else {  /* kernels beyond 8x8: one pixel at a time, checking each tap's column */
+                    for (int64_t p = 0; p < np; p++)
+                        for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
+                            cv16 a0 = (cv16){0};
+                            if (bias) a0 = *(const cv16u *)(bias + c0);
+                            for (int64_t kh = kh0; kh < kh1; kh++)
+                                for (int64_t kw = 0; kw < KW; kw++) {
+                                    const int64_t c = iw0 + p * sw + kw * dw;
+                                    if (c < 0 || c >= W) continue;
+                                    a0 += *(const cv16u *)(ximg + ((ih0 + kh * dh) * W + c) * C + c0)
+                                          * *(const cv16u *)(wp + (kh * KW + kw) * C + c0);
+                                }
+                            store_vec(a0, act, out, base0 + p * ow_s + c0 * oc, oc, dtype);
                         }
-                    st1(out, n * on + c * oc + oh * oh_s + ow * ow_s, act_f(a, act), dtype);
                 }
+                ow0 += np;
             }
+            if (ch == nch - 1)
+                for (int64_t c = cfull; c < C; c++) {  /* channel tail */
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        float a = bias ? bias[c] : 0.f;
+                        for (int64_t kh = kh0; kh < kh1; kh++)
+                            for (int64_t kw = 0; kw < KW; kw++) {
+                                const int64_t iw = ow * sw - pl + kw * dw;
+                                if (iw < 0 || iw >= W) continue;
+                                a += ximg[((ih0 + kh * dh) * W + iw) * C + c] * wp[(kh * KW + kw) * C + c];
+                            }
+                        st1(out, n * on + c * oc + oh * oh_s + ow * ow_s, act_f(a, act), dtype);
+                    }
+                }
         }
     }
+    free(zeros);
     return TSR_OK;
 }
 
