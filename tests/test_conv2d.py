@@ -66,10 +66,17 @@ def test_fuzz_conv2d_vs_reference(backend, dtype):
     ((1, 40, 3, 25), 5, "clview", dict(padding=(1, 3))),          # 5x5: the generic interior path, a partial tile
     ((1, 32, 4, 12), 9, "cl", dict(padding=4)),      # 81 taps: beyond the pointer table, one pixel at a time
     ((1, 16, 1, 1), 3, "cl", dict(padding=1)),       # every tap but the centre reads the zero row
+    # 3x3 stride 1: runs of interior tiles (channel-block pairs + a single block), edge tiles
+    ((1, 48, 6, 40), 3, "cl", dict(padding=(0, 1))),  # interior run of 3 tiles, full and partial edges
+    ((2, 32, 7, 7), 3, "nchw", dict(padding=2)),     # window columns 0-1 outside x, NCHW stores
+    ((1, 16, 5, 17), 3, "clview", dict(padding=1)),  # one block, strided view input
+    ((1, 48, 5, 37), 3, "cl", dict(padding=1, stride=2)),  # stride-2 window: interior run and edges
+    ((1, 16, 4, 16), 3, "nchw", dict(padding=(1, 0), stride=2)),  # stride 2, no column padding
 ])
 def test_depthwise_tiles_and_chunks(backend, xs, k, layout, conv, monkeypatch):
-    """The depthwise kernel's paths (interior tiles, border tiles through the zero-row pointer table,
-    the large-kernel fallback, channel chunks for short images with many channels) vs float64."""
+    """The depthwise kernel's paths (runs of interior tiles, 3x3 stride-1 edge tiles with zero window
+    columns, other border tiles through the zero-row pointer table, the large-kernel fallback,
+    channel chunks for short images with many channels) vs float64."""
     monkeypatch.setenv("TESSERA_DISPATCH", "kernel")
     c = xs[1]
     case = _build(f"dw-{xs}-k{k}", xs, (c, 1, k, k), layout=layout, groups=c, activation="relu6", **conv)

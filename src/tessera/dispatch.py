@@ -53,8 +53,12 @@ apply: the calibration of the dev VM (AMD EPYC, AVX-512 with BF16/VNNI, no AMX, 
   per-group GEMM; A16W8's float64 product) are all slower than the VNNI kernels, W8A8's by
   ~1.2-2.5x, W4A8's by 5-14x, A16W8's by 3x or more;
 * conv2d dense: vendor from 3136 output pixels in fp32 (batch 4 of 28 x 28: ~1.1x) and from 784
-  in bf16 (oneDNN's bf16 conv ~2x the fp32-accumulating kernel); depthwise: from 3136 (fp32) /
-  1568 (bf16) pixels; fp16: the kernel (``F.conv2d`` in fp16 is several times slower here).
+  in bf16 (oneDNN's bf16 conv ~2x the fp32-accumulating kernel); depthwise fp32: the kernel (its
+  sliding-window tiles run 1.2-1.6x ``F.conv2d`` + activation at every measured size on the Intel
+  Sapphire Rapids VM, 2026-12-05; the AMD figure, vendor from 3136 pixels, predates that kernel);
+  depthwise bf16: from 1568 pixels (the kernel widens x to fp32 first); fp16: the kernel
+  (``F.conv2d`` in fp16 is several times slower on the AMD VM; on Sapphire Rapids, with
+  AVX512-FP16, a calibration file moves large fp16 calls to oneDNN).
   The ``CONV_NK_MIN`` floor keeps few-channel stems (a 3-channel 7x7 conv: the kernel is ~1.8x
   ahead) on the kernel.
 
@@ -100,7 +104,7 @@ DEFAULTS: dict[str, int | None] = {
     "linear_w8a8:float32": None, "linear_w8a8:bfloat16": None, "linear_w8a8:float16": None,
     "linear_a16w8:float32": None, "linear_a16w8:bfloat16": None, "linear_a16w8:float16": None,
     "conv2d:float32": 3136, "conv2d:bfloat16": 784, "conv2d:float16": None,
-    "conv2d_dw:float32": 3136, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
+    "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
 }
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -266,10 +266,229 @@ int tsr_conv2d_fwd(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C
 #define DW_P 8
 #define DW_MAXTAPS 64  /* the pointer table (taps x 8) lives on the stack up to 8x8 kernels */
 
-static inline void dw_store8(cv16 a0, cv16 a1, cv16 a2, cv16 a3, cv16 a4, cv16 a5, cv16 a6, cv16 a7,
-                             int64_t np, int act, void *out, int64_t base, int64_t ow_s, int64_t oc, int dtype) {
-    const cv16 a[DW_P] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    for (int64_t p = 0; p < np; p++) store_vec(a[p], act, out, base + p * ow_s, oc, dtype);
+static inline cv16 dw_clamp(cv16 v, int act) {  /* relu / relu6 in registers (act <= ACT_RELU6) */
+    if (act == ACT_NONE) return v;
+    v = (cv16)((cv16i)v & (v > 0.f));  /* NaN compares false: relu(NaN) = 0, as store_vec */
+    if (act == ACT_RELU6) {
+        const cv16i m = v < 6.f;
+        v = (cv16)(((cv16i)v & m) | ((cv16i)((cv16){0} + 6.f) & ~m));
+    }
+    return v;
+}
+
+/* what every tile of one output row (and channel chunk) shares */
+typedef struct {
+    const float *wk;     /* weights [KH][KW][C] from the row's first valid tap row kh0 */
+    const float *bias;   /* or NULL */
+    int64_t C, xrow;     /* channels (pixel stride of x), one tap row's input offset dh*W*C */
+    int64_t nkh, KW;     /* tap rows inside x, taps per row */
+    int64_t kstep, ps;   /* next tap column's input offset (dw*C), next output pixel's (sw*C) */
+    int64_t c0, c1;      /* channels c0 .. c1 (multiples of 16) */
+    void *out; int64_t ow_s, oc; int act, dtype;
+} dw_row;
+
+/* stores of anything but fp32 channels-last none/relu/relu6, and of partial tiles (np < 8) */
+static __attribute__((noinline)) void dw_store_any(const cv16 *a, int64_t np, const dw_row *r, int64_t base) {
+    for (int64_t p = 0; p < np; p++) store_vec(a[p], r->act, r->out, base + p * r->ow_s, r->oc, r->dtype);
+}
+
+/* the 8 finished sums of a tile (channels c0 .. c0 + 15 at output offset base): fp32
+ * channels-last outputs with none / relu / relu6 are stored straight from registers */
+#define DW_STORE8(fast, np, r, base, a0, a1, a2, a3, a4, a5, a6, a7) do {                          \
+        if (fast) {                                                                            \
+            float *o_ = (float *)(r)->out + (base);                                            \
+            const int64_t s_ = (r)->ow_s; const int act_ = (r)->act;                           \
+            *(cv16u *)o_ = dw_clamp(a0, act_); *(cv16u *)(o_ + s_) = dw_clamp(a1, act_);       \
+            *(cv16u *)(o_ + 2 * s_) = dw_clamp(a2, act_); *(cv16u *)(o_ + 3 * s_) = dw_clamp(a3, act_); \
+            *(cv16u *)(o_ + 4 * s_) = dw_clamp(a4, act_); *(cv16u *)(o_ + 5 * s_) = dw_clamp(a5, act_); \
+            *(cv16u *)(o_ + 6 * s_) = dw_clamp(a6, act_); *(cv16u *)(o_ + 7 * s_) = dw_clamp(a7, act_); \
+        } else {                                                                               \
+            const cv16 t_[DW_P] = {a0, a1, a2, a3, a4, a5, a6, a7};                            \
+            dw_store_any(t_, np, r, base);                                                     \
+        }                                                                                      \
+    } while (0)
+#define DW_FAST(r) ((r)->oc == 1 && (r)->dtype == TSR_F32 && (r)->act <= ACT_RELU6)
+
+/* The tile loops below are kept out of line on purpose, and each runs a whole row's tiles:
+ * inlined into the OpenMP loop (about 30 live loop variables) gcc 12 spilled the window's
+ * input vectors and the tap offsets to the stack (0.6x F.conv2d), and one call per tile cost
+ * as much as its FMAs; as leaf functions each gets the whole register file. */
+#define DW_LD(p) (*(const cv16u *)(p))
+/* a load kept in a register: the empty asm stops gcc from folding it into each of the three
+ * FMAs that use it (it did, loading every input vector 3 times: 27 loads per 24 FMAs) */
+#if defined(__AVX512F__)
+#define DW_LDR(p) ({ cv16 v_ = DW_LD(p); __asm__("" : "+v"(v_)); v_; })
+#else  /* a cv16 spans 2 ymm (AVX2) or 4 xmm: no single register to pin it in */
+#define DW_LDR(p) DW_LD(p)
+#endif
+#define DW_ACC_INIT(a, c) cv16 a##0, a##1, a##2, a##3, a##4, a##5, a##6, a##7;                     \
+    a##0 = bias ? DW_LD(bias + (c)) : (cv16){0};                                               \
+    a##1 = a##0; a##2 = a##0; a##3 = a##0; a##4 = a##0; a##5 = a##0; a##6 = a##0; a##7 = a##0
+
+/* 3-wide taps, dilation 1: a sliding window over the input columns of a tap row (10 for
+ * stride 1, 17 for stride 2); each is loaded once (L(j): column j) and feeds every accumulator
+ * whose taps cover it (stride 1: 24 FMAs per 10 loads).  Every accumulator sums its taps in
+ * (kh, kw) order. */
+#define DW_WIN_S1(L, w0, w1, w2, a) do {                                                        \
+        cv16 v = L(0); a##0 += v * w0;                                                          \
+        v = L(1); a##0 += v * w1; a##1 += v * w0;                                               \
+        v = L(2); a##0 += v * w2; a##1 += v * w1; a##2 += v * w0;                               \
+        v = L(3); a##1 += v * w2; a##2 += v * w1; a##3 += v * w0;                               \
+        v = L(4); a##2 += v * w2; a##3 += v * w1; a##4 += v * w0;                               \
+        v = L(5); a##3 += v * w2; a##4 += v * w1; a##5 += v * w0;                               \
+        v = L(6); a##4 += v * w2; a##5 += v * w1; a##6 += v * w0;                               \
+        v = L(7); a##5 += v * w2; a##6 += v * w1; a##7 += v * w0;                               \
+        v = L(8); a##6 += v * w2; a##7 += v * w1;                                               \
+        v = L(9); a##7 += v * w2;                                                               \
+    } while (0)
+#define DW_WIN_S2(L, w0, w1, w2, a) do {  /* output p reads columns 2p, 2p + 1, 2p + 2 */      \
+        cv16 v = L(0); a##0 += v * w0;                                                          \
+        v = L(1); a##0 += v * w1;                                                               \
+        v = L(2); a##0 += v * w2; a##1 += v * w0;                                               \
+        v = L(3); a##1 += v * w1;                                                               \
+        v = L(4); a##1 += v * w2; a##2 += v * w0;                                               \
+        v = L(5); a##2 += v * w1;                                                               \
+        v = L(6); a##2 += v * w2; a##3 += v * w0;                                               \
+        v = L(7); a##3 += v * w1;                                                               \
+        v = L(8); a##3 += v * w2; a##4 += v * w0;                                               \
+        v = L(9); a##4 += v * w1;                                                               \
+        v = L(10); a##4 += v * w2; a##5 += v * w0;                                              \
+        v = L(11); a##5 += v * w1;                                                              \
+        v = L(12); a##5 += v * w2; a##6 += v * w0;                                              \
+        v = L(13); a##6 += v * w1;                                                              \
+        v = L(14); a##6 += v * w2; a##7 += v * w0;                                              \
+        v = L(15); a##7 += v * w1;                                                              \
+        v = L(16); a##7 += v * w2;                                                              \
+    } while (0)
+#define DW_WIN(S, L, w0, w1, w2, a) do {                                                        \
+        if ((S) == 1) DW_WIN_S1(L, w0, w1, w2, a); else DW_WIN_S2(L, w0, w1, w2, a);            \
+    } while (0)
+
+/* ntiles interior 8-pixel tiles of a 3-wide, stride-S (1 or 2) row: x is the first tile's
+ * first tap (row ih0 + kh0, column iw0), base its output offset.  Channel blocks go in
+ * pairs: 16 accumulators keep twice the independent FMA chains in flight (with 8, the chains
+ * of 9 dependent 4-cycle FMAs left the two FMA ports idle half the time). */
+__attribute__((always_inline)) static inline void dw_run_k3(const float *x, int64_t base, int64_t ntiles,
+                                                            const dw_row *r, const int S) {
+    const int64_t C = r->C, xrow = r->xrow, nkh = r->nkh, c1 = r->c1, ow_s = r->ow_s, oc = r->oc;
+    const float *bias = r->bias, *wk = r->wk;
+    const int fast = DW_FAST(r);
+    for (int64_t t = 0; t < ntiles; t++, x += DW_P * S * C, base += DW_P * ow_s) {
+        int64_t c0 = r->c0;
+        for (; c0 + 32 <= c1; c0 += 32) {
+            DW_ACC_INIT(a, c0);
+            DW_ACC_INIT(b, c0 + 16);
+            const float *xr = x + c0, *wr = wk + c0;
+            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += 3 * C) {
+                const cv16 w0 = DW_LD(wr), w1 = DW_LD(wr + C), w2 = DW_LD(wr + 2 * C);
+                const cv16 u0 = DW_LD(wr + 16), u1 = DW_LD(wr + C + 16), u2 = DW_LD(wr + 2 * C + 16);
+#define DW_LA(j) DW_LDR(xr + (j) * C)
+#define DW_LB(j) DW_LDR(xr + (j) * C + 16)
+                DW_WIN(S, DW_LA, w0, w1, w2, a);
+                DW_WIN(S, DW_LB, u0, u1, u2, b);
+            }
+            DW_STORE8(fast, DW_P, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
+            DW_STORE8(fast, DW_P, r, base + (c0 + 16) * oc, b0, b1, b2, b3, b4, b5, b6, b7);
+        }
+        if (c0 < c1) {
+            DW_ACC_INIT(a, c0);
+            const float *xr = x + c0, *wr = wk + c0;
+            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += 3 * C) {
+                const cv16 w0 = DW_LD(wr), w1 = DW_LD(wr + C), w2 = DW_LD(wr + 2 * C);
+                DW_WIN(S, DW_LA, w0, w1, w2, a);
+            }
+            DW_STORE8(fast, DW_P, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
+        }
+    }
+}
+static __attribute__((noinline)) void dw_run_k3s1(const float *x, int64_t base, int64_t ntiles, const dw_row *r) {
+    dw_run_k3(x, base, ntiles, r, 1);
+}
+static __attribute__((noinline)) void dw_run_k3s2(const float *x, int64_t base, int64_t ntiles, const dw_row *r) {
+    dw_run_k3(x, base, ntiles, r, 2);
+}
+
+/* one border tile of a 3-wide stride-S row: the same window, where column j (input column
+ * iw0 + j) is read only for jlo <= j < jhi and is zero outside x (no pointer table: its 72
+ * entries cost more than the FMAs when C is one or two blocks).  x is the tile's (row
+ * ih0 + kh0, column iw0) address, possibly outside x; np <= 8 pixels are stored. */
+#define DW_COL(j) ((j) >= jlo && (j) < jhi ? DW_LD(xr + (j) * C) : (cv16){0})
+__attribute__((always_inline)) static inline void dw_edge_k3(const float *x, int64_t jlo, int64_t jhi,
+                                                             int64_t base, int64_t np, const dw_row *r,
+                                                             const int S) {
+    const int64_t C = r->C, xrow = r->xrow, nkh = r->nkh, c1 = r->c1, oc = r->oc;
+    const float *bias = r->bias, *wk = r->wk;
+    const int fast = np == DW_P && DW_FAST(r);
+    for (int64_t c0 = r->c0; c0 < c1; c0 += 16) {
+        DW_ACC_INIT(a, c0);
+        const float *xr = x + c0, *wr = wk + c0;
+        for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += 3 * C) {
+            const cv16 w0 = DW_LD(wr), w1 = DW_LD(wr + C), w2 = DW_LD(wr + 2 * C);
+            DW_WIN(S, DW_COL, w0, w1, w2, a);
+        }
+        DW_STORE8(fast, np, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
+    }
+}
+static __attribute__((noinline)) void dw_edge_k3s1(const float *x, int64_t jlo, int64_t jhi, int64_t base,
+                                                   int64_t np, const dw_row *r) {
+    dw_edge_k3(x, jlo, jhi, base, np, r, 1);
+}
+static __attribute__((noinline)) void dw_edge_k3s2(const float *x, int64_t jlo, int64_t jhi, int64_t base,
+                                                   int64_t np, const dw_row *r) {
+    dw_edge_k3(x, jlo, jhi, base, np, r, 2);
+}
+
+/* ntiles interior tiles of any kernel width / stride / dilation */
+static __attribute__((noinline)) void dw_run_any(const float *x, int64_t base, int64_t ntiles, const dw_row *r) {
+    const int64_t C = r->C, xrow = r->xrow, nkh = r->nkh, KW = r->KW, kstep = r->kstep, ps = r->ps;
+    const int64_t c1 = r->c1, ow_s = r->ow_s, oc = r->oc;
+    const float *bias = r->bias, *wk = r->wk;
+    const int fast = DW_FAST(r);
+    for (int64_t t = 0; t < ntiles; t++, x += DW_P * ps, base += DW_P * ow_s) {
+        for (int64_t c0 = r->c0; c0 < c1; c0 += 16) {
+            DW_ACC_INIT(a, c0);
+            const float *xr = x + c0, *wr = wk + c0;
+            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += KW * C) {
+                const float *q = xr;
+                for (int64_t kw = 0; kw < KW; kw++, q += kstep) {
+                    const cv16 wv = DW_LD(wr + kw * C);
+                    a0 += DW_LD(q) * wv;
+                    a1 += DW_LD(q + ps) * wv;
+                    a2 += DW_LD(q + 2 * ps) * wv;
+                    a3 += DW_LD(q + 3 * ps) * wv;
+                    a4 += DW_LD(q + 4 * ps) * wv;
+                    a5 += DW_LD(q + 5 * ps) * wv;
+                    a6 += DW_LD(q + 6 * ps) * wv;
+                    a7 += DW_LD(q + 7 * ps) * wv;
+                }
+            }
+            DW_STORE8(fast, DW_P, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
+        }
+    }
+}
+
+/* one border tile: tp[t][p] is pixel p's input for tap t (the zero row where the tap lies
+ * outside x); r->wk must point at tap (0, 0); np <= 8 pixels are stored */
+static __attribute__((noinline)) void dw_tile_table(const float *const (*tp)[DW_P], int64_t taps, int64_t base,
+                                                    int64_t np, const dw_row *r) {
+    const int64_t C = r->C, c1 = r->c1, oc = r->oc;
+    const float *bias = r->bias, *wp = r->wk;
+    const int fast = np == DW_P && DW_FAST(r);
+    for (int64_t c0 = r->c0; c0 < c1; c0 += 16) {
+        DW_ACC_INIT(a, c0);
+        for (int64_t t = 0; t < taps; t++) {
+            const cv16 wv = DW_LD(wp + t * C + c0);
+            a0 += DW_LD(tp[t][0] + c0) * wv;
+            a1 += DW_LD(tp[t][1] + c0) * wv;
+            a2 += DW_LD(tp[t][2] + c0) * wv;
+            a3 += DW_LD(tp[t][3] + c0) * wv;
+            a4 += DW_LD(tp[t][4] + c0) * wv;
+            a5 += DW_LD(tp[t][5] + c0) * wv;
+            a6 += DW_LD(tp[t][6] + c0) * wv;
+            a7 += DW_LD(tp[t][7] + c0) * wv;
+        }
+        DW_STORE8(fast, np, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
+    }
 }
 
 int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C, const float *wp,
@@ -278,7 +497,7 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
                       int64_t dw, int64_t pt, int64_t pl, int act, int threads) {
     const int64_t cfull = C / 16 * 16, nblk = C / 16, taps = KH * KW;
     const int64_t ps = sw * C;  /* next output pixel's input offset */
-    const int k3s1 = KW == 3 && sw == 1 && dw == 1;
+    const int k3 = KW == 3 && dw == 1 && (sw == 1 || sw == 2);  /* the sliding-window paths */
     /* output columns whose taps all lie inside x: ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw < W */
     const int64_t ow_lo = (pl + sw - 1) / sw;
     int64_t ow_hi = W - 1 - (KW - 1) * dw + pl < 0 ? 0 : (W - 1 - (KW - 1) * dw + pl) / sw + 1;
@@ -311,57 +530,24 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
             while (kh1 > kh0 && ih0 + (kh1 - 1) * dh >= H) kh1--;
             const float *ximg = x + n * H * W * C;
             const int64_t cb0 = nblk * ch / nch * 16, cb1 = nblk * (ch + 1) / nch * 16;
+            dw_row rw = {wp + kh0 * KW * C, bias, C, dh * W * C, kh1 - kh0, KW, dw * C, ps, cb0, cb1,
+                         out, ow_s, oc, act, dtype};
             int64_t ow0 = 0;
             while (ow0 < OW && cb1 > cb0) {
                 const int64_t iw0 = ow0 * sw - pl;
-                const int64_t np = OW - ow0 < DW_P ? OW - ow0 : DW_P;
+                int64_t np = OW - ow0 < DW_P ? OW - ow0 : DW_P;
                 const int64_t base0 = n * on + oh * oh_s + ow0 * ow_s;
-                if (ow0 >= ow_lo && ow0 + DW_P <= ow_hi) {  /* interior: every column inside x */
-                    for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
-                        cv16 b = (cv16){0};
-                        if (bias) b = *(const cv16u *)(bias + c0);
-                        /* named accumulators: the allocator keeps all 8 in registers */
-                        cv16 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;
-                        if (k3s1) {
-                            for (int64_t kh = kh0; kh < kh1; kh++) {
-                                const float *xt = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
-                                const float *wk = wp + kh * 3 * C + c0;
-                                const cv16 w0 = *(const cv16u *)wk, w1 = *(const cv16u *)(wk + C),
-                                           w2 = *(const cv16u *)(wk + 2 * C);
-                                cv16 x0 = *(const cv16u *)xt, x1 = *(const cv16u *)(xt + C);
-                                cv16 x2 = *(const cv16u *)(xt + 2 * C), x3 = *(const cv16u *)(xt + 3 * C);
-                                cv16 x4 = *(const cv16u *)(xt + 4 * C), x5 = *(const cv16u *)(xt + 5 * C);
-                                cv16 x6 = *(const cv16u *)(xt + 6 * C), x7 = *(const cv16u *)(xt + 7 * C);
-                                cv16 x8 = *(const cv16u *)(xt + 8 * C), x9 = *(const cv16u *)(xt + 9 * C);
-                                a0 += x0 * w0 + x1 * w1 + x2 * w2;
-                                a1 += x1 * w0 + x2 * w1 + x3 * w2;
-                                a2 += x2 * w0 + x3 * w1 + x4 * w2;
-                                a3 += x3 * w0 + x4 * w1 + x5 * w2;
-                                a4 += x4 * w0 + x5 * w1 + x6 * w2;
-                                a5 += x5 * w0 + x6 * w1 + x7 * w2;
-                                a6 += x6 * w0 + x7 * w1 + x8 * w2;
-                                a7 += x7 * w0 + x8 * w1 + x9 * w2;
-                            }
-                        } else {
-                            for (int64_t kh = kh0; kh < kh1; kh++) {
-                                const float *xk = ximg + ((ih0 + kh * dh) * W + iw0) * C + c0;
-                                const float *wk = wp + kh * KW * C + c0;
-                                for (int64_t kw = 0; kw < KW; kw++) {
-                                    const cv16 wv = *(const cv16u *)(wk + kw * C);
-                                    const float *xt = xk + kw * dw * C;
-                                    a0 += *(const cv16u *)(xt) * wv;
-                                    a1 += *(const cv16u *)(xt + ps) * wv;
-                                    a2 += *(const cv16u *)(xt + 2 * ps) * wv;
-                                    a3 += *(const cv16u *)(xt + 3 * ps) * wv;
-                                    a4 += *(const cv16u *)(xt + 4 * ps) * wv;
-                                    a5 += *(const cv16u *)(xt + 5 * ps) * wv;
-                                    a6 += *(const cv16u *)(xt + 6 * ps) * wv;
-                                    a7 += *(const cv16u *)(xt + 7 * ps) * wv;
-                                }
-                            }
-                        }
-                        dw_store8(a0, a1, a2, a3, a4, a5, a6, a7, DW_P, act, out, base0 + c0 * oc, ow_s, oc, dtype);
-                    }
+                if (ow0 >= ow_lo && ow0 + DW_P <= ow_hi) {  /* interior: a run of tiles inside x */
+                    const int64_t nt = (ow_hi - ow0) / DW_P;
+                    const float *xt = ximg + ((ih0 + kh0 * dh) * W + iw0) * C;
+                    if (k3) (sw == 1 ? dw_run_k3s1 : dw_run_k3s2)(xt, base0, nt, &rw);
+                    else dw_run_any(xt, base0, nt, &rw);
+                    np = nt * DW_P;
+                } else if (k3) {  /* border tile, 3-wide stride 1 or 2: window columns outside x read 0 */
+                    const int64_t jlo = iw0 < 0 ? -iw0 : 0, jhi = W - iw0;
+                    /* the address is formed only for columns jlo .. jhi - 1, inside x */
+                    (sw == 1 ? dw_edge_k3s1 : dw_edge_k3s2)(ximg + (ih0 + kh0 * dh) * W * C + iw0 * C, jlo, jhi,
+                                                            base0, np, &rw);
                 } else if (zeros) {  /* border tile: one pointer per (tap, pixel), zeros outside x */
                     const float *tp[DW_MAXTAPS][DW_P];
                     for (int64_t kh = 0; kh < KH; kh++) {
@@ -373,23 +559,9 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
                                                       ? ximg + (ih * W + iw) * C : zeros;
                             }
                     }
-                    for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
-                        cv16 b = (cv16){0};
-                        if (bias) b = *(const cv16u *)(bias + c0);
-                        cv16 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;
-                        for (int64_t t = 0; t < taps; t++) {
-                            const cv16 wv = *(const cv16u *)(wp + t * C + c0);
-                            a0 += *(const cv16u *)(tp[t][0] + c0) * wv;
-                            a1 += *(const cv16u *)(tp[t][1] + c0) * wv;
-                            a2 += *(const cv16u *)(tp[t][2] + c0) * wv;
-                            a3 += *(const cv16u *)(tp[t][3] + c0) * wv;
-                            a4 += *(const cv16u *)(tp[t][4] + c0) * wv;
-                            a5 += *(const cv16u *)(tp[t][5] + c0) * wv;
-                            a6 += *(const cv16u *)(tp[t][6] + c0) * wv;
-                            a7 += *(const cv16u *)(tp[t][7] + c0) * wv;
-                        }
-                        dw_store8(a0, a1, a2, a3, a4, a5, a6, a7, np, act, out, base0 + c0 * oc, ow_s, oc, dtype);
-                    }
+                    dw_row rt = rw;
+                    rt.wk = wp;  /* the table covers every tap */
+                    dw_tile_table((const float *const (*)[DW_P])tp, taps, base0, np, &rt);
                 } else {  /* kernels beyond 8x8: one pixel at a time, checking each tap's column */
                     for (int64_t p = 0; p < np; p++)
                         for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
