@@ -9,6 +9,11 @@ import os
 if os.environ.get("TESSERA_TEST_TRITON", "1") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TESSERA_SEED", "0")
+# The cpu backend's conv2d and quantized linears may hand a call to oneDNN under the default
+# `auto` dispatch (tessera/dispatch.py), by a rule that differs per machine: the suite pins
+# tessera's own kernels so the contract matrix checks them on every machine alike;
+# tests/test_dispatch.py checks the vendor routes and `auto` explicitly.
+os.environ.setdefault("TESSERA_DISPATCH", "kernel")
 # The interpreter runs tl.dot through numpy's BLAS; its worker threads thrash when two pytest
 # workers share two cores (measured: ~40% of the interpreted attention kernels' CPU time).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

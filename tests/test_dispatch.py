@@ -208,3 +208,36 @@ def test_w4a16_new_scale_tensors_every_call_stop_auto_caching(monkeypatch):
         y = _run("linear_w4a16", dict(kw, weight_scale=kw["weight_scale"].clone()), "vendor", monkeypatch)
         torch.testing.assert_close(y, want, rtol=1e-5, atol=2e-4)
     assert not dispatch.cache_ok("w4a16", kw["weight"], torch.float32, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", range(len(CONV)))
+def test_conv2d_backward_routes_match_reference(case, dtype, monkeypatch):
+    """Forward and (dx, dweight, dbias) on both routes vs float64 autograd (the contract matrix's
+    run_case), on asymmetric pads, groups, dilation, both layouts and every activation."""
+    from tessera.ops.conv2d import _build
+    from tessera.testing.matrix import run_case
+    xs, ws, s, p, d, g, act, cl = CONV[case]
+    c = _build(f"dispatch-{case}", xs, ws, layout="cl" if cl else "nchw", stride=s, padding=p, dilation=d,
+               groups=g, activation=act)
+    for mode in ("kernel", "vendor"):
+        monkeypatch.setenv("TESSERA_DISPATCH", mode)
+        before = dict(dispatch.counts)
+        r = run_case(tessera.OPS["conv2d"], "cpu", dtype, c)
+        assert r.ok, f"conv2d {mode} {dtype}: {r.why}"
+        key = ("conv2d_dw_bwd" if g == xs[1] == ws[0] else "conv2d_bwd", mode)
+        assert dispatch.counts.get(key, 0) > before.get(key, 0), f"the backward did not take the {mode} route"
+
+
+def test_builtin_table_follows_the_cpu_vendor(monkeypatch, tmp_path):
+    """Without a calibration file the rule is the CPU vendor's table (same keys in both)."""
+    assert dispatch.DEFAULTS_INTEL.keys() == dispatch.DEFAULTS.keys()
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))  # no calibration file here
+    for vendor, table in (("GenuineIntel", dispatch.DEFAULTS_INTEL), ("AuthenticAMD", dispatch.DEFAULTS),
+                          ("", dispatch.DEFAULTS)):
+        monkeypatch.setattr(dispatch, "cpu_vendor", lambda v=vendor: v)
+        dispatch.thresholds.cache_clear()
+        try:
+            assert dispatch.thresholds() == table, vendor
+        finally:
+            dispatch.thresholds.cache_clear()

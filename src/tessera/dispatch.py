@@ -13,8 +13,10 @@ by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch runs on a
 * ``linear_w4a8``: x quantized per token to int8, the per-group integer sums
   ``acc_g = qx_g @ (q - z)_g`` as one batched fp32 GEMM over the groups (exact: every partial sum
   is an integer of magnitude <= 128 * 127 * 15 < 2^24), then ``sx * sum_g acc_g * s_g``.
-* ``conv2d`` (forward): ``F.conv2d`` (asymmetric pads via ``F.pad``) and the activation, the
-  result in the kernel's memory format.  The backward always runs tessera's kernels.
+* ``conv2d`` forward: ``F.conv2d`` (asymmetric pads via ``F.pad``) and the activation, the
+  result in the kernel's memory format.  Backward: ``aten.convolution_backward`` on
+  dz = dy * act'(z), z recomputed in fp32 as the kernels do (keys ``conv2d_bwd`` and
+  ``conv2d_dw_bwd``, chosen by the same rule as the forward).
 
 The integer recipes keep the integer contract on both routes: the quantized activations and the
 integer accumulators are bit-identical, only the float epilogue may round differently (within the
@@ -35,14 +37,17 @@ means "the kernel always wins here".
 
 The thresholds come from a calibration measured on the machine: ``python -m tessera.dispatch
 --calibrate`` times both routes interleaved (best of several rounds, so other processes' load
-inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: 3x3, 64 -> 64 channels at 28x28,
-batch 1..8, and a depthwise 3x3) and stores, per (op, dtype), the smallest M from which the vendor
-route beats the kernel by at least 5 % at every larger measured M.  The result is cached on disk
-as ``$TESSERA_CACHE_DIR/dispatch-<machine>.json`` (``tessera._jit.cache_dir``; written under an
+inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: a 3x3 layer with bias and relu,
+64 -> 64 channels at 28x28, batch 1..8, forward and backward, and a depthwise 3x3 of 144
+channels) and stores, per (op, dtype), the smallest M from which the vendor route beats the
+kernel by at least 5 % at every larger measured M.  The result is cached on disk as
+``$TESSERA_CACHE_DIR/dispatch-<machine>.json`` (``tessera._jit.cache_dir``; written under an
 exclusive ``fcntl`` lock with an atomic rename; the key hashes the CPU model, the thread count and
-torch's version), read once per process.  Without a calibration file the built-in ``DEFAULTS``
-apply: the calibration of the dev VM (AMD EPYC, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch
-2.13), with the figures in ``benchmarks/results/2026-12-04-cpu-dispatch/``:
+torch's version), read once per process.  Without a calibration file a built-in table applies,
+chosen by the CPU's vendor (``cpu_vendor``): ``DEFAULTS_INTEL`` on Intel (Sapphire Rapids with
+AMX, 2026-12-05, ``benchmarks/results/2026-12-05-cpu-dispatch-intel/``), else ``DEFAULTS`` (the
+AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
+``benchmarks/results/2026-12-04-cpu-dispatch/``).  ``DEFAULTS``:
 
 * W4A16 bf16: vendor from M = 32 (oneDNN's AVX512-BF16 GEMM beats the fp32-FMA int4 kernel by
   ~1.1x at M = 32 and 2-3x from M = 64; the kernel wins at M = 16 and at decode, where it reads
@@ -61,6 +66,19 @@ apply: the calibration of the dev VM (AMD EPYC, AVX-512 with BF16/VNNI, no AMX, 
   AVX512-FP16, a calibration file moves large fp16 calls to oneDNN).
   The ``CONV_NK_MIN`` floor keeps few-channel stems (a 3-channel 7x7 conv: the kernel is ~1.8x
   ahead) on the kernel.
+* conv2d backward fp32, dense and depthwise: vendor from M = 16 (the kernels' backward ran
+  0.3-0.6x eager autograd on every ResNet-18 / MobileNetV2 bench row); bf16 and fp16: the kernel
+  (not measured on this VM; ``aten.convolution_backward`` in fp16 is ~100x slower on Intel).
+
+``DEFAULTS_INTEL`` differs where oneDNN's AMX and AVX512-FP16 paths change the winner:
+
+* W4A16: vendor from M = 16 (bf16, AMX: 2.3-6.6x), 32 (fp16), 64 (fp32: 1.15-1.36x);
+* dense conv2d fp32 and bf16, forward and backward: vendor from M = 16.  The calibration layer
+  (64 channels at 28 x 28) is the kernel's best case (fp32 forward level to 3136 pixels), but the
+  measured ResNet-18 layers at 256 and 512 channels run 1.5-3.2x faster on oneDNN in fp32 and
+  2-10x in bf16 (AMX); the kernel keeps only few-channel layers below ``CONV_NK_MIN``;
+* depthwise bf16 / fp16 forward: vendor from 3136 pixels; depthwise backward fp32 / bf16: vendor
+  from 3136 (the kernel is ahead on small maps: 960 channels at 7 x 7, 1.8x).
 
 Dequantized-weight cache: the int4 routes keep one dequantized copy per weight tensor (like
 conv2d's packed weights: valid while the tensor lives and its version counter, address and
@@ -97,7 +115,9 @@ CONV_NK_MIN = 1 << 14            # C_out * C_in/g * KH * KW of a dense conv belo
 MARGIN = 0.05                    # calibration: the vendor route must win by this fraction
 
 # (op, dtype name) -> smallest M taking the vendor route under auto, or None (always the kernel).
-# op "conv2d" is a dense conv, "conv2d_dw" a depthwise one.  Measured on the dev VM (module docstring).
+# op "conv2d" is a dense conv, "conv2d_dw" a depthwise one, "*_bwd" their backward.  One table
+# per CPU vendor (module docstring): oneDNN's relative speed differs more between them than
+# between sizes.  DEFAULTS (AMD EPYC, AVX-512 BF16/VNNI, no AMX) also serves other CPUs.
 DEFAULTS: dict[str, int | None] = {
     "linear_w4a16:float32": None, "linear_w4a16:bfloat16": 32, "linear_w4a16:float16": None,
     "linear_w4a8:float32": None, "linear_w4a8:bfloat16": None, "linear_w4a8:float16": None,
@@ -105,7 +125,35 @@ DEFAULTS: dict[str, int | None] = {
     "linear_a16w8:float32": None, "linear_a16w8:bfloat16": None, "linear_a16w8:float16": None,
     "conv2d:float32": 3136, "conv2d:bfloat16": 784, "conv2d:float16": None,
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
+    "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": None, "conv2d_bwd:float16": None,
+    "conv2d_dw_bwd:float32": 16, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
 }
+# Intel Sapphire Rapids (AVX-512 FP16/BF16/VNNI, AMX), 2 cores, torch 2.13, 2026-12-05:
+# benchmarks/results/2026-12-05-cpu-dispatch-intel/.
+DEFAULTS_INTEL: dict[str, int | None] = dict(DEFAULTS, **{
+    "linear_w4a16:float32": 64, "linear_w4a16:bfloat16": 16, "linear_w4a16:float16": 32,
+    "conv2d:float32": 16, "conv2d:bfloat16": 16, "conv2d:float16": None,
+    "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 3136, "conv2d_dw:float16": 3136,
+    "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": 16, "conv2d_bwd:float16": None,
+    "conv2d_dw_bwd:float32": 3136, "conv2d_dw_bwd:bfloat16": 3136, "conv2d_dw_bwd:float16": None,
+})
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ('GenuineIntel', 'AuthenticAMD', ...; '' where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def defaults() -> dict:
+    """The built-in table of this CPU's vendor (used where no calibration file exists)."""
+    return DEFAULTS_INTEL if cpu_vendor() == "GenuineIntel" else DEFAULTS
+
+
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 counts: dict[tuple[str, str], int] = {}  # (op, "kernel" | "vendor") -> launches in this process
@@ -160,7 +208,7 @@ def calibration_path():
 def thresholds() -> dict:
     """The auto rule's thresholds of this process: the machine's calibration file when there is
     one, else ``DEFAULTS`` (read once: the rule stays fixed while the process runs)."""
-    rules = dict(DEFAULTS)
+    rules = dict(defaults())
     try:
         data = json.loads(calibration_path().read_text())
         rules.update({k: v for k, v in data.get("thresholds", {}).items() if k in DEFAULTS})
@@ -179,7 +227,7 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) ->
     if M < MIN_M:
         return "kernel"
     thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
-    nk_min = CONV_NK_MIN if op == "conv2d" else 0 if op == "conv2d_dw" else LINEAR_NK_MIN
+    nk_min = CONV_NK_MIN if op == "conv2d" else 0 if op.startswith("conv2d") else LINEAR_NK_MIN
     if thr is None or M < thr or N * K < nk_min:
         return "kernel"
     return "vendor" if cache_ok is None or cache_ok() else "kernel"
@@ -342,21 +390,49 @@ def int8_linear(x, weight, sw, bias, activation, bits):
 
 
 def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like):
-    """F.conv2d + activation (in fp32, rounded once); returned in the layout of ``out_like(shape)``
-    (the kernel's)."""
+    """F.conv2d + activation (relu / relu6 in place on the result, exact; silu / gelu in fp32,
+    rounded once); returned in the layout of ``out_like(shape)`` (the kernel's)."""
     from .ops.conv2d.ref import act_fwd
     t, b, l, r = pads
     if t == b and l == r:
         y = F.conv2d(x, weight, bias, stride, (t, l), dilation, groups)
     else:
         y = F.conv2d(F.pad(x, (l, r, t, b)), weight, bias, stride, 0, dilation, groups)
-    if activation is not None:
+    if activation in ("relu", "relu6"):  # exact on the rounded sum: in place, no fp32 pass
+        y = y.relu_() if activation == "relu" else y.clamp_(0.0, 6.0)
+    elif activation is not None:
         y = act_fwd(y.float(), activation).to(x.dtype)
     out = out_like(tuple(y.shape))
     if y.stride() == out.stride():
         return y
     out.copy_(y)
     return out
+
+
+def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias, out_like):
+    """(dx, dweight, dbias) by ``aten.convolution_backward`` (oneDNN): dz = dy * act'(z) with the
+    pre-activation z recomputed in fp32 (as the kernels do), dz rounded to x's dtype for the
+    library call; dweight and dbias are returned in fp32 (the op casts them), dx in the layout
+    of ``out_like(shape)``."""
+    from .ops.conv2d.ref import act_grad
+    N, C, H, W = x.shape
+    t, b, l, r = pads
+    sym = t == b and l == r
+    xin = x if sym else F.pad(x, (l, r, t, b))
+    padding = (t, l) if sym else (0, 0)
+    dz = dy
+    if activation is not None:
+        z = F.conv2d(xin.float(), weight.float(), None if bias is None else bias.float(), stride, padding,
+                     dilation, groups)
+        dz = (dy.float() * act_grad(z, activation)).to(x.dtype)
+    dx, dw, db = torch.ops.aten.convolution_backward(
+        dz, xin, weight, [weight.shape[0]] if need_bias else None, list(stride), list(padding), list(dilation),
+        False, [0, 0], groups, [True, True, need_bias])
+    if not sym:
+        dx = dx[:, :, t:t + H, l:l + W]
+    out = out_like((N, C, H, W))
+    out.copy_(dx)
+    return out, dw.float(), (db.float() if need_bias else None)
 
 
 # ---------------------------------------------------------------- calibration
@@ -397,13 +473,19 @@ def _linear_calls(op, dtype, M, N, K, gen):
     return lambda: fn(x, q, s)
 
 
-def _conv_call(dtype, batch, depthwise, gen):
+def _conv_call(dtype, batch, depthwise, gen, backward=False):
+    """A CNN layer: 3x3, bias and relu, channels-last; the forward op, or the cpu backward."""
     import tessera
+    from .ops.conv2d import cpu
     C = 144 if depthwise else 64
     x = torch.randn(batch, C, 28, 28, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
     w = (torch.randn(C, 1 if depthwise else C, 3, 3, generator=gen) * 0.1).to(dtype)
+    b = torch.randn(C, generator=gen).to(dtype)
     g = C if depthwise else 1
-    return lambda: tessera.conv2d(x, w, None, padding=1, groups=g)
+    if backward:
+        dy = torch.randn(batch, C, 28, 28, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
+        return lambda: cpu.backward(dy, x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), g, "relu", True)
+    return lambda: tessera.conv2d(x, w, b, padding=1, groups=g, activation="relu")
 
 
 def _threshold(points):
@@ -418,7 +500,8 @@ def _threshold(points):
 
 
 def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.float32, torch.bfloat16),
-              ops=("linear_w4a16", "linear_w4a8", "linear_w8a8", "linear_a16w8", "conv2d", "conv2d_dw"),
+              ops=("linear_w4a16", "linear_w4a8", "linear_w8a8", "linear_a16w8", "conv2d", "conv2d_dw",
+                   "conv2d_bwd", "conv2d_dw_bwd"),
               rounds=5, write=True, log=print) -> dict:
     """Measure both routes on this machine and (``write``) store the thresholds (module docstring).
     Returns {"thresholds": {...}, "points": {key: [[M, kernel_ms, vendor_ms], ...]}}."""
@@ -430,7 +513,8 @@ def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.floa
             pts = []
             if op.startswith("conv2d"):
                 for batch in (1, 2, 4, 8):
-                    kt, vt = _time_pair(_conv_call(dt, batch, op == "conv2d_dw", gen), rounds)
+                    kt, vt = _time_pair(_conv_call(dt, batch, op.startswith("conv2d_dw"), gen,
+                                                   op.endswith("_bwd")), rounds)
                     pts.append((batch * 28 * 28, kt, vt))
             else:
                 for M in ms:

@@ -147,6 +147,10 @@ def backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, ne
     N, C, H, W = x.shape
     cout, cing, KH, KW = weight.shape
     OH, OW = dy.shape[2], dy.shape[3]
+    if N and dispatch.use_vendor("conv2d_dw_bwd" if _is_dw(weight, groups) else "conv2d_bwd", x.dtype,
+                                 N * OH * OW, cout, cing * KH * KW):
+        return dispatch.conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation,
+                                        need_bias, lambda s: _out(x, *s))
     dx = _out(x, N, C, H, W)
     dw = new_output(tuple(weight.shape), torch.float32, x.device)
     db = new_output((cout,), torch.float32, x.device) if need_bias else None
