@@ -155,13 +155,19 @@ static inline void store_pixel(float *restrict v, int64_t nvalid, const float *b
 
 /* one finished vector of 16 sums (bias included): relu / relu6 in registers, and a direct
  * store when the output is fp32 channels-last; everything else through store_pixel */
+static inline cv16 clamp_vec(cv16 v, int act) {  /* relu / relu6 in registers; other acts pass */
+    if (act != ACT_RELU && act != ACT_RELU6) return v;
+    v = (cv16)((cv16i)v & (v > 0.f));  /* NaN compares false: relu(NaN) = 0 */
+    if (act == ACT_RELU6) {
+        const cv16i m = v < 6.f;
+        v = (cv16)(((cv16i)v & m) | ((cv16i)((cv16){0} + 6.f) & ~m));
+    }
+    return v;
+}
+
 static inline void store_vec(cv16 v, int act, void *out, int64_t base, int64_t oc, int dtype) {
     if (act == ACT_RELU || act == ACT_RELU6) {
-        v = (cv16)((cv16i)v & (v > 0.f));
-        if (act == ACT_RELU6) {
-            cv16i m = v < 6.f;
-            v = (cv16)(((cv16i)v & m) | ((cv16i)((cv16){0} + 6.f) & ~m));
-        }
+        v = clamp_vec(v, act);
         act = ACT_NONE;
     }
     if (act == ACT_NONE && oc == 1 && dtype == TSR_F32) {
@@ -266,16 +272,6 @@ int tsr_conv2d_fwd(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C
 #define DW_P 8
 #define DW_MAXTAPS 64  /* the pointer table (taps x 8) lives on the stack up to 8x8 kernels */
 
-static inline cv16 dw_clamp(cv16 v, int act) {  /* relu / relu6 in registers (act <= ACT_RELU6) */
-    if (act == ACT_NONE) return v;
-    v = (cv16)((cv16i)v & (v > 0.f));  /* NaN compares false: relu(NaN) = 0, as store_vec */
-    if (act == ACT_RELU6) {
-        const cv16i m = v < 6.f;
-        v = (cv16)(((cv16i)v & m) | ((cv16i)((cv16){0} + 6.f) & ~m));
-    }
-    return v;
-}
-
 /* what every tile of one output row (and channel chunk) shares */
 typedef struct {
     const float *wk;     /* weights [KH][KW][C] from the row's first valid tap row kh0 */
@@ -298,10 +294,10 @@ static __attribute__((noinline)) void dw_store_any(const cv16 *a, int64_t np, co
         if (fast) {                                                                            \
             float *o_ = (float *)(r)->out + (base);                                            \
             const int64_t s_ = (r)->ow_s; const int act_ = (r)->act;                           \
-            *(cv16u *)o_ = dw_clamp(a0, act_); *(cv16u *)(o_ + s_) = dw_clamp(a1, act_);       \
-            *(cv16u *)(o_ + 2 * s_) = dw_clamp(a2, act_); *(cv16u *)(o_ + 3 * s_) = dw_clamp(a3, act_); \
-            *(cv16u *)(o_ + 4 * s_) = dw_clamp(a4, act_); *(cv16u *)(o_ + 5 * s_) = dw_clamp(a5, act_); \
-            *(cv16u *)(o_ + 6 * s_) = dw_clamp(a6, act_); *(cv16u *)(o_ + 7 * s_) = dw_clamp(a7, act_); \
+            *(cv16u *)o_ = clamp_vec(a0, act_); *(cv16u *)(o_ + s_) = clamp_vec(a1, act_);       \
+            *(cv16u *)(o_ + 2 * s_) = clamp_vec(a2, act_); *(cv16u *)(o_ + 3 * s_) = clamp_vec(a3, act_); \
+            *(cv16u *)(o_ + 4 * s_) = clamp_vec(a4, act_); *(cv16u *)(o_ + 5 * s_) = clamp_vec(a5, act_); \
+            *(cv16u *)(o_ + 6 * s_) = clamp_vec(a6, act_); *(cv16u *)(o_ + 7 * s_) = clamp_vec(a7, act_); \
         } else {                                                                               \
             const cv16 t_[DW_P] = {a0, a1, a2, a3, a4, a5, a6, a7};                            \
             dw_store_any(t_, np, r, base);                                                     \
