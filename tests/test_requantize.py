@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -259,8 +260,10 @@ def test_int8_weight_memo_follows_in_place_updates(groups):
 
 @pytest.mark.parametrize("bias_mag", [1000, 2**31 - 1000, 2**31 - 1])
 def test_depthwise_int8_offset_paths(bias_mag):
-    """tsr_dw_requant starts the int32 sums at the offset when no sum can overflow, else adds it
-    saturating in int64 (biases near the int32 limit): both bit-exact, both layouts, both zp ends."""
+    """The depthwise paths by the size of the offset (bias - x_zp * sum w): small, tsr_dw_requant_k3's
+    exact fp32 sums; past 2^24, tsr_dw_requant, which starts its int32 sums at the offset when no
+    sum can overflow, else adds it saturating in int64 (biases near the int32 limit): all
+    bit-exact, both layouts, both zp ends."""
     gen = torch.Generator().manual_seed(bias_mag % 1000)
     C = 70
     w = torch.randint(-128, 128, (C, 1, 3, 3), generator=gen, dtype=torch.int8)
@@ -272,6 +275,34 @@ def test_depthwise_int8_offset_paths(bias_mag):
         for zp in (-128, 127):
             got = tessera.conv2d_int8(x, zp, w, b, m, s, 0, 1, 1, 1, C, backend="cpu")
             assert torch.equal(got, tessera.conv2d_int8(x, zp, w, b, m, s, 0, 1, 1, 1, C, backend="reference"))
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 1, 1), (1, 0, (2, 1)), (2, 2, 1), ((1, 2), (2, 0), (2, 1)), (1, 0, 2)])
+@pytest.mark.parametrize("C,W", [(1, 1), (16, 7), (70, 13), (33, 17)])
+def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W):
+    """tsr_dw_requant_k3 (int8 x, 3-wide taps, horizontal stride 1 or 2: fp32 sums, requantized in
+    registers) against the int64 reference: partial tiles (W < 8, 13, 17), channel tails, padding
+    rows and columns, vertical dilation, both roundings, int8 and int16 outputs, per-channel and
+    per-tensor scales; and the integer tap loop it replaces (forced) gives the same bits."""
+    from tessera.ops._requant import cpu as rq
+    gen = torch.Generator().manual_seed(C * 100 + W)
+    w = torch.randint(-128, 128, (C, 1, 3, 3), generator=gen, dtype=torch.int8)
+    b = torch.randint(-30000, 30000, (C,), generator=gen, dtype=torch.int32)
+    pw = padding[1] if isinstance(padding, tuple) else padding
+    W = W if pw else max(W, 5)   # no horizontal padding: at least one output column
+    x = torch.randint(-128, 128, (2, C, 9, W), generator=gen, dtype=torch.int8).contiguous(
+        memory_format=torch.channels_last)
+    for per_ch, rounding, out_dtype in ((True, "double", torch.int8), (False, "single", torch.int16)):
+        n = C if per_ch else 1
+        m = torch.randint(2**30, 2**31 - 1, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
+        s = torch.randint(-12, 1, (n,), generator=gen, dtype=torch.int32)
+        for zp in (-128, 5, 127):
+            args = (x, zp, w, b, m, s, 3, stride, padding, dilation, C)
+            kw = dict(rounding=rounding, out_dtype=out_dtype)
+            want = tessera.conv2d_int8(*args, backend="reference", **kw)
+            assert torch.equal(tessera.conv2d_int8(*args, backend="cpu", **kw), want)
+            with mock.patch.object(rq, "_k3_available", lambda: False):
+                assert torch.equal(tessera.conv2d_int8(*args, backend="cpu", **kw), want)
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 17, 3, 11), (1, 33, 16, 17), (3, 2, 1, 1), (1, 64, 9, 15)])

@@ -158,6 +158,18 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
     Nb, C, H, W = x.shape
     kh, kw = weight.shape[2:]
     x = _channels_last(x)   # the channel loop unit-stride (vectorised)
+    if x.dtype == torch.int8 and kw == 3 and dilation[1] == 1 and stride[1] in (1, 2) and _k3_available():
+        wf, wsum = per_tensor(weight, "conv2d_int8_dw_k3", lambda: _dw_weight_f32(weight))
+        off = _offset(wsum, bias, x_zero_point)
+        if bool(off.abs().max() <= _F32_EXACT - kh * kw * (1 << 14)):   # requant.c: exact fp32 sums
+            init = off.float()   # a named reference: alive through the call
+            f = cpu.declare(_lib(), "tsr_dw_requant_k3", "p" + "l" * 7 + "pp" + "l" * 9 + "ppl" + "llli" + "plii")
+            rc = f(cpu.ptr(x), Nb, C, H, W, x.stride(0), x.stride(2), x.stride(3), cpu.ptr(wf), cpu.ptr(init),
+                   kh, stride[0], stride[1], *padding, dilation[0], Ho, Wo, x_zero_point, cpu.ptr(multiplier),
+                   cpu.ptr(shift), int(multiplier.numel() > 1), out_zero_point, qmin, qmax, ROUNDING[rounding],
+                   cpu.ptr(out), out.stride(0), int(out.dtype == torch.int16), cpu.threads_for(out.numel() * kh * 3))
+            cpu.check_rc(rc, "conv2d_int8 depthwise")
+            return out
     wt, wsum = per_tensor(weight, "conv2d_int8_dw", lambda: _dw_weight(weight))
     f = cpu.declare(_lib(), "tsr_dw_requant", "pi" + "l" * 8 + "p" + "l" * 11 + "pplp" + "lll" + "iplii")
     per_ch = int(multiplier.numel() > 1)
@@ -168,6 +180,19 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
            out.stride(0), int(out.dtype == torch.int16), cpu.threads_for(out.numel() * kh * kw))
     cpu.check_rc(rc, "conv2d_int8 depthwise")
     return out
+
+
+_F32_EXACT = 1 << 24
+
+
+def _k3_available():
+    return bool(cpu.declare(_lib(), "tsr_dw_requant_k3_available", "")())
+
+
+def _dw_weight_f32(weight):
+    """(fp32 [kh][3][C], int64 sums [C]) of a 3-wide depthwise weight, once per tensor"""
+    return (contiguous(weight[:, 0].permute(1, 2, 0).float()),
+            weight.reshape(weight.shape[0], -1).sum(1, dtype=torch.int64))
 
 
 def _dw_weight(weight):

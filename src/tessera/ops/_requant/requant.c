@@ -294,3 +294,122 @@ _Pragma("omp for schedule(static)")
     return failed ? TSR_ENOMEM : TSR_OK;
 }
 #undef DW_ROW
+
+/* ------------------------------------------------------------------ int8 depthwise, 3-wide taps
+ * tsr_dw_requant_k3: the int8 depthwise conv for kw = 3, horizontal dilation 1, horizontal stride 1
+ * or 2 (MobileNet's layers) as fp32 FMAs over a sliding window, requantized in registers.  The
+ * integer tap loop above widens every tap's bytes and multiplies with vpmulld (two uops, one port),
+ * and writes its int32 row for tsr_requant to read back; here a tile of 8 output pixels x 16
+ * channels keeps its sums in zmm registers, each input column is loaded and widened once for the
+ * 3 (stride 1) or 1-2 (stride 2) outputs it feeds, and the finished sums go through rq_v_double /
+ * rq_v_single straight to the int8/int16 output.
+ * Exact: x and w are int8, so every product is an integer of magnitude <= 2^14; the sums start at
+ * init[c] = bias[c] - x_zp * sum(w[c]) (padding taps read x_zp, as in the integer loop, so the
+ * correction cancels them), and the launcher checks |init| + taps * 2^14 <= 2^24: every partial
+ * sum is an integer fp32 holds exactly, in any order -- the integer loop's int32 accumulator, bit
+ * for bit, and the same requantization.  x channels-last int8 (unit channel stride), wf fp32
+ * [kh][3][C], out rows [Nb*Ho*Wo, C] (row stride so). */
+#ifdef TSR_AVX512
+#define DWQ_P 8
+typedef struct {
+    const int8_t *x; int64_t H, W, sn, sh, sw, C, kh, st_h, pd_h, pd_w, dl_h, Ho, Wo;
+    const float *wf, *init; float zp;
+    const int32_t *mult, *shift; int cs, mode, out16;
+    int64_t ozp, qmin, qmax, so; char *out;
+} dwq_args;
+
+/* one output row (n, oy), every channel block and tile; S = horizontal stride (1 or 2) */
+INL void dwq_row(const dwq_args *a, int64_t r, const int S) {
+    const int64_t n = r / a->Ho, oy = r % a->Ho, C = a->C, W = a->W, sw = a->sw, Wo = a->Wo;
+    const int oe = a->out16 ? 2 : 1;
+    const __m512 vzp = _mm512_set1_ps(a->zp);
+    const __m512i lo32 = _mm512_set1_epi32((int32_t)(a->qmin - a->ozp)), hi32 = _mm512_set1_epi32((int32_t)(a->qmax - a->ozp));
+    const __m512i lo64 = _mm512_set1_epi64(a->qmin - a->ozp), hi64 = _mm512_set1_epi64(a->qmax - a->ozp);
+    const __m512i vozp = _mm512_set1_epi32((int32_t)a->ozp);
+    for (int64_t c0 = 0; c0 < C; c0 += 16) {
+        const __mmask16 kb = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        const __m512 init = _mm512_maskz_loadu_ps(kb, a->init + c0);
+        const __m512i m = a->cs ? _mm512_maskz_loadu_epi32(kb, a->mult + c0) : _mm512_set1_epi32(a->mult[0]);
+        const __m512i s = a->cs ? _mm512_maskz_loadu_epi32(kb, a->shift + c0) : _mm512_set1_epi32(a->shift[0]);
+        for (int64_t ox0 = 0; ox0 < Wo; ox0 += DWQ_P) {
+            const int64_t ix0 = ox0 * S - a->pd_w, np = Wo - ox0 < DWQ_P ? Wo - ox0 : DWQ_P;
+            __m512 acc[DWQ_P];
+            for (int p = 0; p < DWQ_P; p++) acc[p] = init;
+            for (int64_t ky = 0; ky < a->kh; ky++) {
+                const int64_t iy = oy * a->st_h - a->pd_h + ky * a->dl_h;
+                const float *wk = a->wf + ky * 3 * C + c0;
+                const __m512 w0 = _mm512_maskz_loadu_ps(kb, wk), w1 = _mm512_maskz_loadu_ps(kb, wk + C),
+                             w2 = _mm512_maskz_loadu_ps(kb, wk + 2 * C);
+                if (iy < 0 || iy >= a->H) {  /* a padding row: every tap reads x_zp */
+                    const __m512 t = _mm512_mul_ps(vzp, _mm512_add_ps(_mm512_add_ps(w0, w1), w2));
+                    for (int p = 0; p < DWQ_P; p++) acc[p] = _mm512_add_ps(acc[p], t);
+                    continue;
+                }
+                const int8_t *xr = a->x + n * a->sn + iy * a->sh + c0;
+                /* input column j feeds output p through tap k = j - S p (0 <= k < 3); after full
+                 * unrolling every test below is a constant */
+#pragma GCC unroll 24
+                for (int j = 0; j < S * (DWQ_P - 1) + 3; j++) {
+                    const int64_t ix = ix0 + j;
+                    const __m512 v = (uint64_t)ix < (uint64_t)W
+                        ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(kb, xr + ix * sw))) : vzp;
+#pragma GCC unroll 8
+                    for (int p = 0; p < DWQ_P; p++) {
+                        const int k = j - S * p;
+                        if (k >= 0 && k < 3) acc[p] = _mm512_fmadd_ps(v, k == 0 ? w0 : (k == 1 ? w1 : w2), acc[p]);
+                    }
+                }
+            }
+            char *o = a->out + ((r * Wo + ox0) * a->so + c0) * oe;
+            for (int64_t p = 0; p < np; p++) {
+                const __m512i acc32 = _mm512_cvtps_epi32(acc[p]);  /* an exact integer: no rounding */
+                __m512i q;
+                if (a->mode == 0)
+                    q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double(acc32, m, s), hi32), lo32);
+                else
+                    q = rq_v_single(acc32, m, s, lo64, hi64);
+                rq_v_store(o + p * a->so * oe, a->out16, _mm512_add_epi32(q, vozp), kb);
+            }
+        }
+    }
+}
+
+static __attribute__((noinline)) void dwq_row_s1(const dwq_args *a, int64_t r) { dwq_row(a, r, 1); }
+static __attribute__((noinline)) void dwq_row_s2(const dwq_args *a, int64_t r) { dwq_row(a, r, 2); }
+#endif
+
+/* 1 where this build has tsr_dw_requant_k3 (AVX-512), else 0: the launcher keeps the tap loop */
+int tsr_dw_requant_k3_available(void) {
+#ifdef TSR_AVX512
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* x: [Nb, C, H, W] int8 with element strides (sn, sh, sw), unit channel stride; wf fp32 [kh][3][C];
+ * init fp32 [C] (exact integers, see above); st_w 1 or 2; rounding / mult / shift as tsr_requant */
+int tsr_dw_requant_k3(const int8_t *x, int64_t Nb, int64_t C, int64_t H, int64_t W, int64_t sn, int64_t sh,
+                      int64_t sw, const float *wf, const float *init, int64_t kh, int64_t st_h, int64_t st_w,
+                      int64_t pd_h, int64_t pd_w, int64_t dl_h, int64_t Ho, int64_t Wo, int64_t zp,
+                      const int32_t *mult, const int32_t *shift, int64_t cs, int64_t ozp, int64_t qmin, int64_t qmax,
+                      int rounding, void *out, int64_t so, int out16, int nthreads) {
+#ifdef TSR_AVX512
+    if (st_w != 1 && st_w != 2) return TSR_EINVAL;
+    const dwq_args a = {x, H, W, sn, sh, sw, C, kh, st_h, pd_h, pd_w, dl_h, Ho, Wo, wf, init, (float)zp, mult, shift,
+                        (int)cs, rounding == RQ_SINGLE ? 1 : 0, out16, ozp, qmin, qmax, so, (char *)out};
+    const int64_t rows = Nb * Ho;
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        if (st_w == 1) dwq_row_s1(&a, r);
+        else dwq_row_s2(&a, r);
+    }
+    return TSR_OK;
+#else
+    (void)x; (void)Nb; (void)C; (void)H; (void)W; (void)sn; (void)sh; (void)sw; (void)wf; (void)init; (void)kh;
+    (void)st_h; (void)st_w; (void)pd_h; (void)pd_w; (void)dl_h; (void)Ho; (void)Wo; (void)zp; (void)mult;
+    (void)shift; (void)cs; (void)ozp; (void)qmin; (void)qmax; (void)rounding; (void)out; (void)so; (void)out16;
+    (void)nthreads;
+    return TSR_EINVAL;
+#endif
+}
