@@ -241,3 +241,19 @@ def test_builtin_table_follows_the_cpu_vendor(monkeypatch, tmp_path):
             assert dispatch.thresholds() == table, vendor
         finally:
             dispatch.thresholds.cache_clear()
+
+
+def test_threshold_rule_and_bands(monkeypatch):
+    """_threshold: a suffix of vendor wins gives its first M; wins only inside the range (two or
+    more in a row) give a band [lo, hi) that route() honours; one stray win gives None."""
+    pts = lambda wins: [(m, 1.0, 0.5 if w else 1.0) for m, w in zip((16, 32, 64, 128, 256, 512), wins)]
+    assert dispatch._threshold(pts([0, 0, 1, 1, 1, 1])) == 64
+    assert dispatch._threshold(pts([0, 0, 1, 1, 0, 0])) == [64, 256]
+    assert dispatch._threshold(pts([1, 1, 0, 1, 1, 1])) == 128          # the suffix rule comes first
+    assert dispatch._threshold(pts([1, 0, 1, 0, 1, 0])) is None          # no run of two
+    assert dispatch._threshold(pts([0, 0, 0, 0, 0, 0])) is None
+    assert dispatch._threshold([(16, 1.0, 0.97)]) is None                # within MARGIN: not a win
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {"linear_w8a8:float32": [64, 256]})
+    got = [dispatch.route("linear_w8a8", torch.float32, M, 2048, 2048) for M in (16, 63, 64, 255, 256, 4096)]
+    assert got == ["kernel", "kernel", "vendor", "vendor", "kernel", "kernel"]

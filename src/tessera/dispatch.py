@@ -33,14 +33,17 @@ least ``LINEAR_NK_MIN`` (dense conv: ``CONV_NK_MIN``; depthwise: no floor), ``M 
 (decode calls, M = 1, always run the kernel) and, for the int4 linears, the dequantized weight is
 cached or fits the cache budget (an uncached dequantization costs more than any GEMM it could
 save: about 100 ms for a 2048 x 2048 weight on the 2-core dev VM).  A threshold of ``None``
-means "the kernel always wins here".
+means "the kernel always wins here"; a pair ``[lo, hi]`` is a band, the vendor route for
+``lo <= M < hi`` only (Sapphire Rapids' AMX int8 GEMM behind ``torch._int_mm`` beats the W8A8
+kernel at M = 64-128 and loses from 256 on).
 
 The thresholds come from a calibration measured on the machine: ``python -m tessera.dispatch
 --calibrate`` times both routes interleaved (best of several rounds, so other processes' load
 inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: a 3x3 layer with bias and relu,
 64 -> 64 channels at 28x28, batch 1..8, forward and backward, and a depthwise 3x3 of 144
 channels) and stores, per (op, dtype), the smallest M from which the vendor route beats the
-kernel by at least 5 % at every larger measured M.  The result is cached on disk as
+kernel by at least 5 % at every larger measured M; where it wins only inside the range, at two or
+more consecutive measured M, the band ``[first M, next measured M after the last]``.  The result is cached on disk as
 ``$TESSERA_CACHE_DIR/dispatch-<machine>.json`` (``tessera._jit.cache_dir``; written under an
 exclusive ``fcntl`` lock with an atomic rename; the key hashes the CPU model, the thread count and
 torch's version), read once per process.  Without a calibration file a built-in table applies,
@@ -73,6 +76,8 @@ AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
 ``DEFAULTS_INTEL`` differs where oneDNN's AMX and AVX512-FP16 paths change the winner:
 
 * W4A16: vendor from M = 16 (bf16, AMX: 2.3-6.6x), 32 (fp16), 64 (fp32: 1.15-1.36x);
+* W8A8: vendor for 64 <= M < 256 (``torch._int_mm``, AMX int8: 1.04-1.25x there; the VNNI kernel
+  is ahead at 16-32 and again from 256 on: 1.03-1.09x at 256, 1.02-1.12x at 512);
 * dense conv2d fp32 and bf16, forward and backward: vendor from M = 16.  The calibration layer
   (64 channels at 28 x 28) is the kernel's best case (fp32 forward level to 3136 pixels), but the
   measured ResNet-18 layers at 256 and 512 channels run 1.5-3.2x faster on oneDNN in fp32 and
@@ -118,7 +123,7 @@ MARGIN = 0.05                    # calibration: the vendor route must win by thi
 # op "conv2d" is a dense conv, "conv2d_dw" a depthwise one, "*_bwd" their backward.  One table
 # per CPU vendor (module docstring): oneDNN's relative speed differs more between them than
 # between sizes.  DEFAULTS (AMD EPYC, AVX-512 BF16/VNNI, no AMX) also serves other CPUs.
-DEFAULTS: dict[str, int | None] = {
+DEFAULTS: dict[str, int | list | None] = {
     "linear_w4a16:float32": None, "linear_w4a16:bfloat16": 32, "linear_w4a16:float16": None,
     "linear_w4a8:float32": None, "linear_w4a8:bfloat16": None, "linear_w4a8:float16": None,
     "linear_w8a8:float32": None, "linear_w8a8:bfloat16": None, "linear_w8a8:float16": None,
@@ -130,8 +135,9 @@ DEFAULTS: dict[str, int | None] = {
 }
 # Intel Sapphire Rapids (AVX-512 FP16/BF16/VNNI, AMX), 2 cores, torch 2.13, 2026-12-05:
 # benchmarks/results/2026-12-05-cpu-dispatch-intel/.
-DEFAULTS_INTEL: dict[str, int | None] = dict(DEFAULTS, **{
+DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     "linear_w4a16:float32": 64, "linear_w4a16:bfloat16": 16, "linear_w4a16:float16": 32,
+    "linear_w8a8:float32": [64, 256], "linear_w8a8:bfloat16": [64, 256], "linear_w8a8:float16": [64, 256],
     "conv2d:float32": 16, "conv2d:bfloat16": 16, "conv2d:float16": None,
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 3136, "conv2d_dw:float16": 3136,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": 16, "conv2d_bwd:float16": None,
@@ -228,6 +234,10 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) ->
         return "kernel"
     thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
     nk_min = CONV_NK_MIN if op == "conv2d" else 0 if op.startswith("conv2d") else LINEAR_NK_MIN
+    if isinstance(thr, (list, tuple)):   # a band [lo, hi)
+        thr, hi = thr
+        if M >= hi:
+            return "kernel"
     if thr is None or M < thr or N * K < nk_min:
         return "kernel"
     return "vendor" if cache_ok is None or cache_ok() else "kernel"
@@ -489,14 +499,25 @@ def _conv_call(dtype, batch, depthwise, gen, backward=False):
 
 
 def _threshold(points):
-    """points [(M, kernel s, vendor s)] ascending M -> smallest M from which vendor wins by MARGIN."""
+    """points [(M, kernel s, vendor s)] ascending M -> smallest M from which vendor wins by MARGIN,
+    else the band [lo, hi) of the longest run (two points or more) where it does, else None."""
+    wins = [v < (1 - MARGIN) * k for _, k, v in points]
     thr = None
-    for M, k, v in reversed(points):
-        if v < (1 - MARGIN) * k:
-            thr = M
-        else:
+    for (M, _, _), w in zip(reversed(points), reversed(wins)):
+        if not w:
             break
-    return thr
+        thr = M
+    if thr is not None:
+        return thr
+    best, i = None, 0
+    while i < len(points):
+        j = i
+        while j < len(points) and wins[j]:
+            j += 1
+        if j - i >= 2 and (best is None or j - i > best[1] - best[0]):
+            best = (i, j)   # j < len(points): a run reaching the end returned above
+        i = j + 1
+    return None if best is None else [points[best[0]][0], points[best[1]][0]]
 
 
 def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.float32, torch.bfloat16),

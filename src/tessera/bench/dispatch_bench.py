@@ -103,7 +103,7 @@ def _load() -> str:
 def table(results, n, k, rounds, loads=("?", "?")) -> str:
     from .. import dispatch
     src = "calibration file " + dispatch.calibration_path().name if dispatch.calibration_path().exists() \
-        else "built-in DEFAULTS"
+        else "built-in " + ("DEFAULTS_INTEL" if dispatch.defaults() is dispatch.DEFAULTS_INTEL else "DEFAULTS")
     lines = [f"N = K = {n}, group 128; {rounds} interleaved rounds; each cell: median / fast-quartile ms; "
              f"{torch.get_num_threads()} threads; load average {loads[0]} before, {loads[1]} after; "
              f"auto rule: {src}.", "",
