@@ -138,7 +138,11 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
         # NCHW x: one transposing copy to channels-last (N*C*H*W elements, ~1/(kh*kw) of the im2col
         # rows it feeds) buys the memcpy gather; the per-element NCHW gather was ~15x slower
         x = _channels_last(x)
-    cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
+    xr = x.permute(0, 2, 3, 1)
+    if kh == kw == 1 and order and not any(padding) and tuple(stride) == (1, 1) and xr.is_contiguous():
+        cols = xr.view(Nb * Ho * Wo, -1)   # a pointwise conv of channels-last x: its rows already are the columns
+    else:
+        cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
     w2, wsum = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
     off = _offset(wsum, bias, x_zero_point)
     Og, Kg = O // groups, Cg * kh * kw
