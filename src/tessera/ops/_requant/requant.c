@@ -8,6 +8,8 @@
  *   tsr_im2col:   int8/int16 NCHW or NHWC input -> rows [N*Ho*Wo, groups * (C/g)*kh*kw] in
  *                  (group, channel, ky, kx) order, padding taps = x_zp (so the correction above
  *                  makes them contribute exactly 0, TFLite's rule)
+ *   tsr_dw_requant / tsr_dw_requant_k3: the depthwise conv, requantized per output row (an integer
+ *                  tap loop; for 3-wide taps at stride 1/2 on AVX-512, exact fp32 FMA tiles)
  *
  * MBQM (MultiplyByQuantizedMultiplier) is written out in ops/requantize/__init__.py; here it is
  * branch-free (selects, shifts) so the per-row loops vectorise.  The int32-accumulator modes work
