@@ -305,6 +305,24 @@ def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W):
                 assert torch.equal(tessera.conv2d_int8(*args, backend="cpu", **kw), want)
 
 
+@pytest.mark.parametrize("C,W,k,stride", [(3, 1, 7, 2), (3, 2, 7, 1), (3, 9, 7, 2), (5, 4, 3, 1), (16, 13, 3, 2),
+                                           (2, 6, 5, 3)])
+def test_im2col_tap_runs(C, W, k, stride):
+    """tsr_im2col's one-copy-per-tap-row path (channels-last x, one group, dilation 1): runs cut by
+    the padding at either end or both (W < k), rows of padding, against the int64 reference."""
+    gen = torch.Generator().manual_seed(C * 31 + W)
+    O = 8
+    x = torch.randint(-128, 128, (2, C, 6, W), generator=gen, dtype=torch.int8).contiguous(
+        memory_format=torch.channels_last)
+    w = torch.randint(-128, 128, (O, C, k, k), generator=gen, dtype=torch.int8)
+    b = torch.randint(-1000, 1000, (O,), generator=gen, dtype=torch.int32)
+    m = torch.randint(2**30, 2**31 - 1, (O,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-12, 1, (O,), generator=gen, dtype=torch.int32)
+    for zp in (-128, 9):
+        args = (x, zp, w, b, m, s, 2, stride, k // 2, 1, 1)
+        assert torch.equal(tessera.conv2d_int8(*args, backend="cpu"), tessera.conv2d_int8(*args, backend="reference"))
+
+
 @pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 17, 3, 11), (1, 33, 16, 17), (3, 2, 1, 1), (1, 64, 9, 15)])
 def test_int8_layout_copies(shape):
     """tsr_transpose_i8 (the conv's NCHW <-> channels-last copies): SSE2 16 x 16 blocks and the

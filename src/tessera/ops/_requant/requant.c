@@ -124,6 +124,25 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
     for (int64_t r = 0; r < rows; r++) {
         const int64_t n = r / (Ho * Wo), oy = (r / Wo) % Ho, ox = r % Wo;
         char *row = (char *)cols + r * Kc * es;
+        if (order == 1 && groups == 1 && sw == C && dl_w == 1) {
+            /* dense pixels, one group: a tap row's in-bounds taps are one contiguous run of x and
+             * of the column row -- one copy per (row, ky), not one per tap (a 3-channel stem
+             * copied 3 bytes a call: 2.9 ms of ResNet-18's 7x7 stem im2col) */
+            const int64_t ix0 = ox * st_w - pd_w;
+            const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < kw ? (W - ix0 > k0 ? W - ix0 : k0) : kw;
+            for (int64_t ky = 0; ky < kh; ky++) {
+                const int64_t iy = oy * st_h - pd_h + ky * dl_h;
+                char *dst = row + ky * kw * C * es;
+                if (iy < 0 || iy >= H || k1 <= k0) {
+                    fill(dst, es, kw * C, pad_value);
+                    continue;
+                }
+                if (k0) fill(dst, es, k0 * C, pad_value);
+                memcpy(dst + k0 * C * es, xb + (n * sn + iy * sh + (ix0 + k0) * sw) * es, (size_t)((k1 - k0) * C * es));
+                if (k1 < kw) fill(dst + k1 * C * es, es, (kw - k1) * C, pad_value);
+            }
+            continue;
+        }
         if (order == 1) {
             for (int64_t g = 0; g < groups; g++)
                 for (int64_t ky = 0; ky < kh; ky++) {
