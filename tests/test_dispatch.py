@@ -257,3 +257,26 @@ def test_threshold_rule_and_bands(monkeypatch):
     monkeypatch.setattr(dispatch, "thresholds", lambda: {"linear_w8a8:float32": [64, 256]})
     got = [dispatch.route("linear_w8a8", torch.float32, M, 2048, 2048) for M in (16, 63, 64, 255, 256, 4096)]
     assert got == ["kernel", "kernel", "vendor", "vendor", "kernel", "kernel"]
+
+
+def test_nchw_conv_forward_goes_to_the_vendor_under_auto(monkeypatch):
+    """auto: a conv2d forward on NCHW x takes oneDNN in fp32 / bf16 (the NHWC kernels would pay
+    a layout copy each way), channels-last x follows the table, fp16 and forced modes are kept;
+    the NCHW vendor result matches the kernel's within the dtype's tolerance."""
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {k: None for k in dispatch.DEFAULTS})
+    assert dispatch.route("conv2d_dw", torch.float32, 3136, 144, 9, nchw=True) == "vendor"
+    assert dispatch.route("conv2d", torch.bfloat16, 3136, 64, 576, nchw=True) == "vendor"
+    assert dispatch.route("conv2d", torch.float16, 3136, 64, 576, nchw=True) == "kernel"
+    assert dispatch.route("conv2d", torch.float32, 1, 64, 576, nchw=True) == "kernel"   # decode-sized
+    assert dispatch.route("conv2d", torch.float32, 3136, 64, 576, nchw=False) == "kernel"
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 24, 13, 11, generator=gen)
+    w = torch.randn(24, 1, 3, 3, generator=gen)
+    b = torch.randn(24, generator=gen)
+    before = dispatch.counts.get(("conv2d_dw", "vendor"), 0)
+    y = tessera.conv2d(x, w, b, padding=1, groups=24, activation="relu6", backend="cpu")
+    assert dispatch.counts.get(("conv2d_dw", "vendor"), 0) == before + 1 and y.is_contiguous()
+    with dispatch.forced("kernel"):
+        want = tessera.conv2d(x, w, b, padding=1, groups=24, activation="relu6", backend="cpu")
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)

@@ -33,7 +33,9 @@ least ``LINEAR_NK_MIN`` (dense conv: ``CONV_NK_MIN``; depthwise: no floor), ``M 
 (decode calls, M = 1, always run the kernel) and, for the int4 linears, the dequantized weight is
 cached or fits the cache budget (an uncached dequantization costs more than any GEMM it could
 save: about 100 ms for a 2048 x 2048 weight on the 2-core dev VM).  A threshold of ``None``
-means "the kernel always wins here"; a pair ``[lo, hi]`` is a band, the vendor route for
+means "the kernel always wins here".  A conv2d forward whose x is NCHW (not channels-last) takes
+the vendor route in fp32 and bf16 from ``MIN_M`` pixels on: the kernels are NHWC, and the layout
+copies they would need cost more than the kernel saves.  A pair ``[lo, hi]`` is a band, the vendor route for
 ``lo <= M < hi`` only (Sapphire Rapids' AMX int8 GEMM behind ``torch._int_mm`` beats the W8A8
 kernel at M = 64-128 and loses from 256 on).
 
@@ -117,6 +119,11 @@ MIN_M = 16                       # auto never takes the vendor route below this 
 CACHE_BYTES = 2 << 30            # budget of the dequantized-weight cache
 LINEAR_NK_MIN = 1 << 18          # N * K of a linear below which auto keeps the kernel
 CONV_NK_MIN = 1 << 14            # C_out * C_in/g * KH * KW of a dense conv below which auto keeps the kernel
+# conv2d forward on NCHW x: tessera's CPU conv kernels are NHWC, so NCHW x costs a layout copy in
+# and strided stores out (1.5-3x F.conv2d on NCHW MobileNetV2 layers, Sapphire Rapids, fp32), while
+# oneDNN runs NCHW natively; fp16 stays on the kernel (F.conv2d's fp16 path is slow on AVX-512 CPUs
+# without FP16 and its backward everywhere).
+NCHW_VENDOR_DTYPES = (torch.float32, torch.bfloat16)
 MARGIN = 0.05                    # calibration: the vendor route must win by this fraction
 
 # (op, dtype name) -> smallest M taking the vendor route under auto, or None (always the kernel).
@@ -223,15 +230,18 @@ def thresholds() -> dict:
     return rules
 
 
-def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) -> str:
+def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nchw=False) -> str:
     """'kernel' or 'vendor' for one launch: the forced mode, or the auto rule (module docstring).
     ``cache_ok``: None, or a no-argument callable saying whether the vendor route would find (or
-    may store) its dequantized weight, asked last (decode calls never pay for it)."""
+    may store) its dequantized weight, asked last (decode calls never pay for it).  ``nchw``: a
+    conv2d forward on NCHW x, which auto sends to the vendor in fp32 / bf16 whatever the table says."""
     m = mode()
     if m != "auto":
         return m
     if M < MIN_M:
         return "kernel"
+    if nchw and dtype in NCHW_VENDOR_DTYPES:
+        return "vendor"
     thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
     nk_min = CONV_NK_MIN if op == "conv2d" else 0 if op.startswith("conv2d") else LINEAR_NK_MIN
     if isinstance(thr, (list, tuple)):   # a band [lo, hi)
@@ -243,13 +253,13 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) ->
     return "vendor" if cache_ok is None or cache_ok() else "kernel"
 
 
-def use_vendor(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None) -> bool:
+def use_vendor(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nchw=False) -> bool:
     """:func:`route` == 'vendor', counted in ``counts``."""
     if M < MIN_M and _env.get(ENV, "") in ("", "auto"):  # decode under auto: the cheapest path
         key = (op, "kernel")
         counts[key] = counts.get(key, 0) + 1
         return False
-    r = route(op, dtype, M, N, K, cache_ok)
+    r = route(op, dtype, M, N, K, cache_ok, nchw)
     key = (op, r)
     counts[key] = counts.get(key, 0) + 1
     return r == "vendor"

@@ -125,7 +125,8 @@ def forward(x, weight, bias, stride, pads, dilation, groups, activation):
     cout, cing, KH, KW = weight.shape
     OH, OW = _out_hw(x, weight, stride, pads, dilation)
     dwk = _is_dw(weight, groups)
-    if N and dispatch.use_vendor("conv2d_dw" if dwk else "conv2d", x.dtype, N * OH * OW, cout, cing * KH * KW):
+    if N and dispatch.use_vendor("conv2d_dw" if dwk else "conv2d", x.dtype, N * OH * OW, cout, cing * KH * KW,
+                                 nchw=x.shape[1] > 1 and not _channels_last(x)):
         return dispatch.conv2d(x, weight, bias, stride, pads, dilation, groups, activation,
                                lambda s: _out(x, *s))
     out = _out(x, N, cout, OH, OW)
