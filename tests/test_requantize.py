@@ -277,7 +277,8 @@ def test_depthwise_int8_offset_paths(bias_mag):
             assert torch.equal(got, tessera.conv2d_int8(x, zp, w, b, m, s, 0, 1, 1, 1, C, backend="reference"))
 
 
-@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 1, 1), (1, 0, (2, 1)), (2, 2, 1), ((1, 2), (2, 0), (2, 1)), (1, 0, 2)])
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 1, 1), (1, 0, (2, 1)), (2, 2, 1),
+                                                     ((1, 2), (2, 0), (2, 1)), (1, 0, 2)])
 @pytest.mark.parametrize("C,W", [(1, 1), (16, 7), (70, 13), (33, 17)])
 def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W):
     """tsr_dw_requant_k3 (int8 x, 3-wide taps, horizontal stride 1 or 2: fp32 sums, requantized in

@@ -33,11 +33,11 @@ least ``LINEAR_NK_MIN`` (dense conv: ``CONV_NK_MIN``; depthwise: no floor), ``M 
 (decode calls, M = 1, always run the kernel) and, for the int4 linears, the dequantized weight is
 cached or fits the cache budget (an uncached dequantization costs more than any GEMM it could
 save: about 100 ms for a 2048 x 2048 weight on the 2-core dev VM).  A threshold of ``None``
-means "the kernel always wins here".  A conv2d forward whose x is NCHW (not channels-last) takes
-the vendor route in fp32 and bf16 from ``MIN_M`` pixels on: the kernels are NHWC, and the layout
-copies they would need cost more than the kernel saves.  A pair ``[lo, hi]`` is a band, the vendor route for
+means "the kernel always wins here".  A pair ``[lo, hi]`` is a band: the vendor route for
 ``lo <= M < hi`` only (Sapphire Rapids' AMX int8 GEMM behind ``torch._int_mm`` beats the W8A8
-kernel at M = 64-128 and loses from 256 on).
+kernel at M = 64-128 and loses from 256 on).  A conv2d forward whose x is NCHW (not
+channels-last) takes the vendor route in fp32 and bf16 from ``MIN_M`` pixels on, whatever the
+table says: the kernels are NHWC, and the layout copies they would need cost more than they save.
 
 The thresholds come from a calibration measured on the machine: ``python -m tessera.dispatch
 --calibrate`` times both routes interleaved (best of several rounds, so other processes' load
@@ -45,7 +45,8 @@ inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: a 3x3 layer wit
 64 -> 64 channels at 28x28, batch 1..8, forward and backward, and a depthwise 3x3 of 144
 channels) and stores, per (op, dtype), the smallest M from which the vendor route beats the
 kernel by at least 5 % at every larger measured M; where it wins only inside the range, at two or
-more consecutive measured M, the band ``[first M, next measured M after the last]``.  The result is cached on disk as
+more consecutive measured M, the band ``[first M, next measured M after the last]``.  The result
+is cached on disk as
 ``$TESSERA_CACHE_DIR/dispatch-<machine>.json`` (``tessera._jit.cache_dir``; written under an
 exclusive ``fcntl`` lock with an atomic rename; the key hashes the CPU model, the thread count and
 torch's version), read once per process.  Without a calibration file a built-in table applies,

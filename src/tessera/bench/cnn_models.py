@@ -18,8 +18,8 @@ bn-recal setting, to keep the run near 10 minutes: MobileNetV2's quantized depth
 take ~0.35 s an image): top-1 agreement with the fp32 eager model
 and logit SQNR = 20 log10(|y_fp32| / |y_fp32 - y|) in dB, for the tessera fp32 model
 (``fold_batchnorm``: BN folded, ``tessera.nn.Conv2d``; fed channels-last, as its NHWC kernels
-want: on NCHW input every conv pays a layout copy in and a strided store out, 1.6x the model time
-on MobileNetV2; the conversion of the input is inside the timing), ``fp32 eager channels-last``
+want -- on NCHW input ``auto`` dispatch hands every fp32 conv to oneDNN instead; the conversion
+of the input is inside the timing), ``fp32 eager channels-last``
 (the eager model and input in channels-last, oneDNN's own best layout), ``int8-static``, ``a16w8-static``
 (calibrated on 4 batches of 8 random inputs) and ONNX Runtime fp32 (CPUExecutionProvider, the
 model exported with torch.onnx's TorchScript exporter) if onnxruntime is installed.

@@ -344,7 +344,8 @@ INL void dwq_row(const dwq_args *a, int64_t r, const int S) {
     const int64_t n = r / a->Ho, oy = r % a->Ho, C = a->C, W = a->W, sw = a->sw, Wo = a->Wo;
     const int oe = a->out16 ? 2 : 1;
     const __m512 vzp = _mm512_set1_ps(a->zp);
-    const __m512i lo32 = _mm512_set1_epi32((int32_t)(a->qmin - a->ozp)), hi32 = _mm512_set1_epi32((int32_t)(a->qmax - a->ozp));
+    const __m512i lo32 = _mm512_set1_epi32((int32_t)(a->qmin - a->ozp));
+    const __m512i hi32 = _mm512_set1_epi32((int32_t)(a->qmax - a->ozp));
     const __m512i lo64 = _mm512_set1_epi64(a->qmin - a->ozp), hi64 = _mm512_set1_epi64(a->qmax - a->ozp);
     const __m512i vozp = _mm512_set1_epi32((int32_t)a->ozp);
     for (int64_t c0 = 0; c0 < C; c0 += 16) {
