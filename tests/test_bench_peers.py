@@ -281,6 +281,22 @@ def test_read_rows_rotate_past_the_llc_and_small_rows_say_cache_resident(monkeyp
     assert any("cache-resident rows" in ln for ln in report.findings([row]))
 
 
+def test_rotation_stays_within_memory(monkeypatch):
+    """Copies for a big LLC are capped by available memory (each contender derives its own state
+    from every copy: a VM reporting a 480 MiB L3 once had the bench OOM-killed), never below one."""
+    assert 0 < runner.roofline.mem_available() < 1 << 50       # this machine's /proc/meminfo
+    monkeypatch.setattr(runner.roofline, "llc_bytes", lambda: 480 << 20)
+    monkeypatch.setattr(runner.roofline, "mem_available", lambda: 24 << 30)
+    nbytes = 22 << 20
+    rot = runner.roofline.rotation(nbytes)
+    assert rot * nbytes <= (24 << 30) * runner.roofline.ROTATION_MEM_FRACTION and rot == 17
+    monkeypatch.setattr(runner.roofline, "mem_available", lambda: 256 << 30)
+    assert runner.roofline.rotation(nbytes) == 44                # 2 x LLC / nbytes, rounded up
+    assert runner.roofline.rotation(1 << 20) == 64               # the copy-count cap
+    monkeypatch.setattr(runner.roofline, "mem_available", lambda: 1 << 20)
+    assert runner.roofline.rotation(nbytes) == 1
+
+
 def _ceiling_row(monkeypatch, fast_every: int, fast_s: float):
     # the probe's duration is virtual: it advances the clock the timer reads instead of sleeping, so
     # a loaded machine (a sleep that overshoots by milliseconds) cannot move the statistics

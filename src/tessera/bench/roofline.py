@@ -22,12 +22,13 @@ Memory bandwidth (the roofline of memory-bound ops)
 Read-bound rows are DRAM rows: a GEMV's 8-16 MiB weight or a short KV cache fits in a 32 MiB
     L3 and would be read warm from cache on every call after the first.  ``rotation(nbytes)``
     is how many copies of a read-bound row's inputs the runner cycles through so that the
-    copies together exceed twice the last-level cache (:func:`llc_bytes`); the row's read
-    ceiling cycles through as many buffers of the same bytes.  The ceiling's rate is the fast
-    quartile (25th-percentile time) of its interleaved samples: single samples of a DRAM-sized
-    copy ran up to ~2x the run's bandwidth probe on the shared VM, so the best alone moved
-    the denominator by tens of %; its spread (p90 - p10) / median
-    is reported beside it; a memory row whose bytes fit in the LLC is marked cache-resident.
+    copies together exceed twice the last-level cache (:func:`llc_bytes`), within a share of
+    the available memory; the row's read ceiling cycles through as many buffers of the same
+    bytes.  The ceiling's rate is the fast quartile (25th-percentile time) of its interleaved
+    samples: single samples of a DRAM-sized copy ran up to ~2x the run's bandwidth probe on
+    the shared VM, so the best alone moved the denominator by tens of %; its spread
+    (p90 - p10) / median is reported beside it; a memory row whose bytes fit in the LLC is
+    marked cache-resident.
 
 Compute peaks (``compute_peaks`` in the header, best of several, and ``peak_callable``: the
     same probe timed again in each compute row's interleaved loop, its best sample the row's
@@ -126,10 +127,33 @@ def llc_bytes() -> int:
     return best or 32 << 20
 
 
+def mem_available() -> int:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable; 8 GiB if unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 << 30
+
+
+# Every contender derives its own state from each copy (the dequant+matmul peer an fp32 weight,
+# 8x an int4 one; ORT a session with its packed copy; the vendor route a cached dequantized
+# weight), so the copies' raw bytes stay within this fraction of available memory.  A VM that
+# reported its host's 480 MiB L3 asked for 44 copies of a 4096 x 11008 int4 GEMV: the peers'
+# copies took 24 GiB and the OOM killer ended `tessera bench` (2026-12-05).
+ROTATION_MEM_FRACTION = 1 / 64
+
+
 def rotation(nbytes: int, cap: int = 64) -> int:
     """Copies of a read-bound row's inputs to cycle through so each call reads DRAM: together
-    they exceed twice the LLC (one copy if the row's bytes already do)."""
-    return max(1, min(cap, -(-2 * llc_bytes() // max(1, nbytes))))
+    they exceed twice the LLC (one copy if the row's bytes already do), as far as
+    ``ROTATION_MEM_FRACTION`` of available memory allows (the row's ``cache_resident`` flag
+    says when the copies it got still fit the LLC)."""
+    want = -(-2 * llc_bytes() // max(1, nbytes))
+    fits = int(mem_available() * ROTATION_MEM_FRACTION) // max(1, nbytes)
+    return max(1, min(cap, want, fits))
 
 
 _PEAKS = {  # name -> (C function, dtype it is the ceiling of)
