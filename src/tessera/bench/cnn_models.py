@@ -4,18 +4,25 @@
 
 Models: ``tessera.testing.cnn_models`` (torchvision's architectures and initialisation, random
 weights; torchvision's PyPI wheels are CUDA builds that do not load against the CPU torch).
-Two settings of the random model, because a random network is not a trained one:
+Three settings, because a random network is not a trained one:
 
 * ``default``: torchvision's initialisation as is (BatchNorm running stats mean 0 / var 1).  The
   network is well conditioned (40 dB of input noise gives >= 40 dB of logit SQNR) but its
   predictions hardly depend on the input (a handful of distinct top-1 classes over all inputs);
 * ``bn-recal``: BatchNorm statistics set from 4 batches of random data
   (``bn_recalibrate``): the predictions depend on the input, but the random network amplifies
-  any perturbation (the noise row: logit SQNR of the fp32 model for 40 dB of input noise).
+  any perturbation (the noise row: logit SQNR of the fp32 model for 40 dB of input noise);
+* ``trained``: the network (10 classes) trained for ``--steps`` SGD steps on
+  ``TemplateTask`` (a synthetic 10-class task at ``--task-res``, noisy shifted templates, no
+  download; ``tessera.testing.cnn_models``), calibrated and evaluated on fresh samples of the
+  task.  Its decisions depend on the input with the margins of a trained classifier, so its
+  agreement figure is the one that says what quantization costs; the task accuracy of every
+  contender is reported beside it.
 
 Quality (``--n`` random N(0, 1) inputs at ``--res``, 224x224; ``--n-recal`` of them for the
 bn-recal setting, to keep the run near 10 minutes: MobileNetV2's quantized depthwise convolutions
-take ~0.35 s an image): top-1 agreement with the fp32 eager model
+take ~0.35 s an image; ``--n`` fresh task samples for the trained setting): top-1 agreement
+with the fp32 eager model
 and logit SQNR = 20 log10(|y_fp32| / |y_fp32 - y|) in dB, for the tessera fp32 model
 (``fold_batchnorm``: BN folded, ``tessera.nn.Conv2d``; fed channels-last, as its NHWC kernels
 want -- on NCHW input ``auto`` dispatch hands every fp32 conv to oneDNN instead; the conversion
@@ -42,6 +49,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from tessera.testing.cnn_models import TemplateTask
 
 DEFAULT_OUT = "benchmarks/results/2026-12-04-cpu-cnn-quant"
 CONTENDERS = ("fp32 eager", "fp32 eager channels-last", "tessera fp32", "int8-static", "a16w8-static", "ORT fp32")
@@ -73,22 +82,30 @@ def _ort_session(model, res):
     return lambda x: torch.from_numpy(sess.run(None, {"x": x.numpy()})[0])
 
 
-def build(name, setting, res, gen):
+def build(name, setting, res, gen, task=None, steps=250):
+    """The fp32 model of ``setting``, its contenders and their setup times (plus training's)."""
     import tessera
-    from tessera.testing.cnn_models import bn_recalibrate, mobilenet_v2, resnet18
+    from tessera.testing.cnn_models import bn_recalibrate, mobilenet_v2, resnet18, train_on_task
 
     torch.manual_seed(0)
-    model = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}[name]().eval()
+    classes = task.classes if setting == "trained" else 1000
+    model = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}[name](num_classes=classes).eval()
+    setup = {}
     if setting == "bn-recal":
         bn_recalibrate(model, [torch.randn(8, 3, res, res, generator=gen) for _ in range(4)])
-    cal = [torch.randn(8, 3, res, res, generator=gen) for _ in range(4)]
+    if setting == "trained":
+        t = time.perf_counter()
+        losses = train_on_task(model, task, steps)
+        setup["train"] = {"s": time.perf_counter() - t, "steps": steps, "final_loss": sum(losses[-10:]) / 10}
+        cal = [task.sample(8, gen)[0] for _ in range(4)]
+    else:
+        cal = [torch.randn(8, 3, res, res, generator=gen) for _ in range(4)]
     cl = torch.channels_last
     eager_cl = copy.deepcopy(model).to(memory_format=cl)
     folded = tessera.fold_batchnorm(copy.deepcopy(model)).to(memory_format=cl)
     runs = {"fp32 eager": model,
             "fp32 eager channels-last": lambda x, m=eager_cl: m(x.contiguous(memory_format=cl)),
             "tessera fp32": lambda x, m=folded: m(x.contiguous(memory_format=cl))}
-    setup = {}
     for recipe in ("int8-static", "a16w8-static"):
         t = time.perf_counter()
         runs[recipe] = tessera.quantize(model, recipe, calibration=cal)
@@ -100,7 +117,7 @@ def build(name, setting, res, gen):
 
 
 @torch.no_grad()
-def quality(model, runs, x, chunk):
+def quality(model, runs, x, chunk, labels=None):
     ys = {k: [] for k in runs}
     for i in range(0, x.shape[0], chunk):
         xb = x[i:i + chunk]
@@ -109,12 +126,15 @@ def quality(model, runs, x, chunk):
     ys = {k: torch.cat(v) for k, v in ys.items()}
     ref = ys["fp32 eager"]
     out = {"distinct_top1_fp32": int(ref.argmax(1).unique().numel())}
-    noisy = torch.cat([model(x[i:i + chunk] + 0.01 * torch.randn_like(x[i:i + chunk]))
+    sigma = 0.01 * float(x.std())        # 40 dB under the input's power
+    noisy = torch.cat([model(x[i:i + chunk] + sigma * torch.randn_like(x[i:i + chunk]))
                        for i in range(0, x.shape[0], chunk)])
     out["fp32_input_noise_40dB_sqnr"] = sqnr(ref, noisy)
     for k, y in ys.items():
         if k != "fp32 eager":
             out[k] = {"top1_agreement": float((y.argmax(1) == ref.argmax(1)).float().mean()), "sqnr_db": sqnr(ref, y)}
+    if labels is not None:    # the trained setting: task accuracy of every contender
+        out["task_accuracy"] = {k: float((y.argmax(1) == labels).float().mean()) for k, y in ys.items()}
     return out
 
 
@@ -137,7 +157,10 @@ def main(argv=None):
     p.add_argument("--chunk", type=int, default=16, help="batch size of the quality pass")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--models", default="resnet18,mobilenet_v2")
-    p.add_argument("--settings", default="default,bn-recal")
+    p.add_argument("--settings", default="default,bn-recal,trained")
+    p.add_argument("--task-res", type=int, default=64, help="resolution of the trained setting's task")
+    p.add_argument("--task-noise", type=float, default=6.0, help="pixel noise std of the trained setting's task")
+    p.add_argument("--steps", type=int, default=250, help="SGD steps of the trained setting")
     p.add_argument("--budget", type=float, default=40.0, help="seconds of timing per (model, batch)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch / tessera / ORT threads (1: the shared 2-core VM runs other jobs; with 2 "
@@ -155,12 +178,19 @@ def main(argv=None):
     except ImportError:
         res["onnxruntime"] = None
     x = torch.randn(a.n, 3, a.res, a.res, generator=gen)
+    task = TemplateTask(res=a.task_res, noise=a.task_noise)
+    res["task"] = {"classes": task.classes, "res": a.task_res, "noise": a.task_noise, "steps": a.steps}
+    task_x, task_y = task.sample(a.n, torch.Generator().manual_seed(5))
     for name in a.models.split(","):
         for setting in a.settings.split(","):
-            model, runs, setup = build(name, setting, a.res, gen)
+            model, runs, setup = build(name, setting, a.task_res if setting == "trained" else a.res, gen,
+                                       task, a.steps)
             res["setup_s"][f"{name}/{setting}"] = setup
-            q = quality(model, runs, x if setting == "default" else x[:a.n_recal], a.chunk)
-            q["n"] = a.n if setting == "default" else min(a.n, a.n_recal)
+            if setting == "trained":
+                q = quality(model, runs, task_x, a.chunk, task_y)
+            else:
+                q = quality(model, runs, x if setting == "default" else x[:a.n_recal], a.chunk)
+            q["n"] = a.n if setting != "bn-recal" else min(a.n, a.n_recal)
             res["quality"][f"{name}/{setting}"] = q
             print(name, setting, json.dumps(q), flush=True)
             if setting == "default" and a.batches:
@@ -187,7 +217,7 @@ def _f(v, fmt):
 
 def table(res) -> str:
     lines = [f"CPU: {res['cpu']} ({res['threads']} torch threads), torch {res['torch']}, onnxruntime "
-             f"{res['onnxruntime']}; inputs N(0, 1); 1-min load average {res['load_before']:.1f} before, "
+             f"{res['onnxruntime']}; inputs N(0, 1) (trained setting: task samples); 1-min load average {res['load_before']:.1f} before, "
              f"{res['load_after']:.1f} after (2 cores, shared)", "",
              f"## Quality vs fp32 eager ({res['res']}x{res['res']} inputs): top-1 agreement / logit SQNR (dB)", "",
              "| model / setting | inputs | distinct fp32 top-1 | fp32 + 40 dB input noise | " +
@@ -197,6 +227,16 @@ def table(res) -> str:
                  for k in CONTENDERS[1:]]
         lines.append(f"| {key} | {q['n']} | {q['distinct_top1_fp32']} | {q['fp32_input_noise_40dB_sqnr']:.1f} dB | "
                      + " | ".join(cells) + " |")
+    trained = {k: q for k, q in res["quality"].items() if "task_accuracy" in q}
+    if trained:
+        t = res["task"]
+        lines += ["", f"## Task accuracy, trained setting ({t['classes']} classes, {t['res']}x{t['res']}, "
+                  f"noise {t['noise']}, {t['steps']} SGD steps)", "",
+                  "| model | " + " | ".join(CONTENDERS) + " |", "|---|" + "---|" * len(CONTENDERS)]
+        for key, q in trained.items():
+            acc = q["task_accuracy"]
+            lines.append(f"| {key} | " + " | ".join(f"{100 * acc[k]:.1f}%" if k in acc else "-"
+                                                   for k in CONTENDERS) + " |")
     lines += ["", f"## Latency at {res['lat_res']}x{res['lat_res']}, median ms per call (default setting)", "",
               "| model / batch | " + " | ".join(CONTENDERS) + " |", "|---|" + "---|" * len(CONTENDERS)]
     for key, lat in res["latency"].items():
