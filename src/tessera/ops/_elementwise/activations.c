@@ -30,9 +30,10 @@
  *
  * Two implementations of the same formulas, both tested (TESSERA_CPU_ISA picks the build):
  * - AVX-512 (tessera_avx512.h): intrinsics, 32 elements per step in registers -- widen,
- *   compute, round to nearest even, store (non-temporal when nt != 0, after a masked head
- *   that aligns the output).  exp is polynomial + vscalefps and 1/d is rcp14 + Newton:
- *   with exp and a divide per element the kernel was compute-bound at half the DRAM rate.
+ *   compute, round to nearest even, store (non-temporal when nt != 0 and the output is
+ *   fp32, after a masked head that aligns the output).  exp is polynomial + vscalefps and
+ *   1/d is rcp14 + Newton: with exp and a divide per element the kernel was compute-bound
+ *   at half the DRAM rate.
  * - portable C (AVX2, generic, other ISAs): the scalar functions below, tsr_expf inside,
  *   in `omp simd` loops over ACT_BLOCK-element blocks converted to fp32 in an L1 scratch
  *   (fp32 inputs are read in place), stored once with tsr_store_row.
@@ -371,6 +372,12 @@ static int act_run(int op, int kind, const void *const *in, const int64_t *sin, 
     const int es = tsr_elsize(dtype), nin = act_nin[op], nout = act_nout[op];
     const int64_t E = M * N;
     if (E <= 0) return TSR_OK;
+    /* Streaming stores only for fp32 outputs.  With fp16/bf16 outputs (one 64-byte store per
+     * 32 elements of math) they made these kernels 1.4-2.4x slower than plain stores on the
+     * Sapphire Rapids VM, 8192 x 4096, one thread (silu fwd bf16 34 vs 16 ms, swiglu bwd 35 vs
+     * 25), while fp32 outputs gain a little from them (silu fwd 22 vs 25 ms, swiglu bwd 38 vs
+     * 48); the 2-byte rows on the AMD VM sat at 36-59 % of the copy roof, fp32 at 75-97 %. */
+    if (dtype != TSR_F32) nt = 0;
     /* When every input's rows follow each other (stride N, or one row) the whole problem
      * is one long row: segments need not stop at row ends. */
     int contiguous = 1;
