@@ -44,6 +44,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -206,7 +207,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1))
     (out / "table.md").write_text(table(res))
-    cmd = ".venv/bin/python -m tessera.bench.cnn_models" + ("" if argv is None else " " + " ".join(argv))
+    cmd = " ".join([".venv/bin/python -m tessera.bench.cnn_models", *(sys.argv[1:] if argv is None else argv)])
     (out / "README.md").write_text(readme(res, cmd))
     print(table(res))
 
@@ -219,13 +220,14 @@ def table(res) -> str:
     lines = [f"CPU: {res['cpu']} ({res['threads']} torch threads), torch {res['torch']}, onnxruntime "
              f"{res['onnxruntime']}; inputs N(0, 1) (trained setting: task samples); 1-min load average {res['load_before']:.1f} before, "
              f"{res['load_after']:.1f} after (2 cores, shared)", "",
-             f"## Quality vs fp32 eager ({res['res']}x{res['res']} inputs): top-1 agreement / logit SQNR (dB)", "",
+             "## Quality vs fp32 eager: top-1 agreement / logit SQNR (dB)", "",
              "| model / setting | inputs | distinct fp32 top-1 | fp32 + 40 dB input noise | " +
              " | ".join(CONTENDERS[1:]) + " |", "|---|---|---|---|" + "---|" * (len(CONTENDERS) - 1)]
     for key, q in res["quality"].items():
         cells = [f"{100 * q[k]['top1_agreement']:.1f}% / {q[k]['sqnr_db']:.1f}" if k in q else "-"
                  for k in CONTENDERS[1:]]
-        lines.append(f"| {key} | {q['n']} | {q['distinct_top1_fp32']} | {q['fp32_input_noise_40dB_sqnr']:.1f} dB | "
+        r = res["task"]["res"] if "task_accuracy" in q else res["res"]
+        lines.append(f"| {key} | {q['n']} at {r}x{r} | {q['distinct_top1_fp32']} | {q['fp32_input_noise_40dB_sqnr']:.1f} dB | "
                      + " | ".join(cells) + " |")
     trained = {k: q for k, q in res["quality"].items() if "task_accuracy" in q}
     if trained:
@@ -237,8 +239,9 @@ def table(res) -> str:
             acc = q["task_accuracy"]
             lines.append(f"| {key} | " + " | ".join(f"{100 * acc[k]:.1f}%" if k in acc else "-"
                                                    for k in CONTENDERS) + " |")
-    lines += ["", f"## Latency at {res['lat_res']}x{res['lat_res']}, median ms per call (default setting)", "",
-              "| model / batch | " + " | ".join(CONTENDERS) + " |", "|---|" + "---|" * len(CONTENDERS)]
+    if res["latency"]:
+        lines += ["", f"## Latency at {res['lat_res']}x{res['lat_res']}, median ms per call (default setting)", "",
+                  "| model / batch | " + " | ".join(CONTENDERS) + " |", "|---|" + "---|" * len(CONTENDERS)]
     for key, lat in res["latency"].items():
         cells = [_f(lat[k]["median_ms"], ".1f") if k in lat else "-" for k in CONTENDERS]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
