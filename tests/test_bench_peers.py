@@ -194,7 +194,8 @@ def peaks():
 
 
 @pytest.mark.parametrize("op,dtype,want", [("linear_w8a8", torch.float32, "int8"), ("linear_w4a8", torch.float32, "int8"),
-                                           ("linear_w4a16", torch.float32, "fp32"), ("linear_fp8", torch.bfloat16, "bf16"),
+                                           ("linear_w4a16", torch.float32, "fp32"), ("linear_w4a16", torch.bfloat16, "bf16"),
+                                           ("linear_fp8", torch.bfloat16, "bf16"),
                                            ("attention", torch.bfloat16, "bf16"), ("attention", torch.float32, "fp32")])
 def test_compute_rows_are_judged_against_their_dtypes_peak(op, dtype, want, peaks):
     """A compute-bound row's ceiling is the register-only peak probe of the dtype of its
@@ -227,6 +228,8 @@ def test_compute_peaks_per_dtype_say_when_an_instruction_is_missing():
         present = flag in flags or (name == "int8_vnni" and "avx_vnni" in flags)
         assert (isinstance(pk[name], dict) and pk[name]["gflops"] > 0) if present else pk[name] == "not present", name
     assert set(pk["by_dtype"]) == {"fp32", "bf16", "int8"}
+    # bf16 can always run as fp32 FMAs: its ceiling is never below the FMA peak
+    assert pk["by_dtype"]["bf16"]["gflops"] >= pk["by_dtype"]["fp32"]["gflops"]
 
 
 def _row(ms, pct=None, roof_spread=0.05, spread=0.02, **extra):

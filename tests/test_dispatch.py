@@ -243,6 +243,20 @@ def test_builtin_table_follows_the_cpu_vendor(monkeypatch, tmp_path):
             dispatch.thresholds.cache_clear()
 
 
+def test_few_channel_conv_floor_follows_the_cpu_vendor(monkeypatch):
+    """A dense conv under CONV_NK_MIN stays on the kernel, except bf16 on Intel (AMX oneDNN wins
+    there at every few-channel shape measured); the floor never applies to depthwise convs."""
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {"conv2d:float32": 16, "conv2d:bfloat16": 16})
+    stem = (64, 3 * 7 * 7)                       # N * K = 9408 < CONV_NK_MIN
+    for vendor, want in (("GenuineIntel", {torch.float32: "kernel", torch.bfloat16: "vendor"}),
+                         ("AuthenticAMD", {torch.float32: "kernel", torch.bfloat16: "kernel"})):
+        monkeypatch.setattr(dispatch, "cpu_vendor", lambda v=vendor: v)
+        for dtype, r in want.items():
+            assert dispatch.route("conv2d", dtype, 12544, *stem) == r, (vendor, dtype)
+            assert dispatch.route("conv2d", dtype, 12544, 64, 64 * 9) == "vendor"   # above the floor
+
+
 def test_threshold_rule_and_bands(monkeypatch):
     """_threshold: a suffix of vendor wins gives its first M; wins only inside the range (two or
     more in a row) give a band [lo, hi) that route() honours; one stray win gives None."""

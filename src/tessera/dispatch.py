@@ -71,7 +71,7 @@ AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
   (``F.conv2d`` in fp16 is several times slower on the AMD VM; on Sapphire Rapids, with
   AVX512-FP16, a calibration file moves large fp16 calls to oneDNN).
   The ``CONV_NK_MIN`` floor keeps few-channel stems (a 3-channel 7x7 conv: the kernel is ~1.8x
-  ahead) on the kernel.
+  ahead) on the kernel (not bf16 on Intel: ``CONV_NK_MIN_BY_VENDOR``).
 * conv2d backward fp32, dense and depthwise: vendor from M = 16 (the kernels' backward ran
   0.3-0.6x eager autograd on every ResNet-18 / MobileNetV2 bench row); bf16 and fp16: the kernel
   (not measured on this VM; ``aten.convolution_backward`` in fp16 is ~100x slower on Intel).
@@ -120,6 +120,10 @@ MIN_M = 16                       # auto never takes the vendor route below this 
 CACHE_BYTES = 2 << 30            # budget of the dequantized-weight cache
 LINEAR_NK_MIN = 1 << 18          # N * K of a linear below which auto keeps the kernel
 CONV_NK_MIN = 1 << 14            # C_out * C_in/g * KH * KW of a dense conv below which auto keeps the kernel
+# ... except where a CPU vendor's oneDNN wins below it too: on Sapphire Rapids a bf16 conv runs on
+# AMX, 1.15-5.1x the kernel at every few-channel shape measured (ResNet-18's 3-channel stem 2.6x at
+# batch 1, 3.0x at 8; MobileNetV2's 1x1 convs of 16-144 channels 1.4-5.1x; 1 thread, 2026-12-05)
+CONV_NK_MIN_BY_VENDOR = {"GenuineIntel": {torch.bfloat16: 0}}
 # conv2d forward on NCHW x: tessera's CPU conv kernels are NHWC, so NCHW x costs a layout copy in
 # and strided stores out (1.5-3x F.conv2d on NCHW MobileNetV2 layers, Sapphire Rapids, fp32), while
 # oneDNN runs NCHW natively; fp16 stays on the kernel (F.conv2d's fp16 path is slow on AVX-512 CPUs
@@ -244,7 +248,7 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nc
     if nchw and dtype in NCHW_VENDOR_DTYPES:
         return "vendor"
     thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
-    nk_min = CONV_NK_MIN if op == "conv2d" else 0 if op.startswith("conv2d") else LINEAR_NK_MIN
+    nk_min = conv_nk_min(dtype) if op == "conv2d" else 0 if op.startswith("conv2d") else LINEAR_NK_MIN
     if isinstance(thr, (list, tuple)):   # a band [lo, hi)
         thr, hi = thr
         if M >= hi:
@@ -252,6 +256,12 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nc
     if thr is None or M < thr or N * K < nk_min:
         return "kernel"
     return "vendor" if cache_ok is None or cache_ok() else "kernel"
+
+
+def conv_nk_min(dtype: torch.dtype) -> int:
+    """The NK floor of a dense conv forward under auto on this CPU (``CONV_NK_MIN`` unless its
+    vendor's entry in ``CONV_NK_MIN_BY_VENDOR`` says otherwise)."""
+    return CONV_NK_MIN_BY_VENDOR.get(cpu_vendor(), {}).get(dtype, CONV_NK_MIN)
 
 
 def use_vendor(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nchw=False) -> bool:
