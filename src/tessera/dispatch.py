@@ -462,7 +462,10 @@ def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activat
     if not sym:
         dx = dx[:, :, t:t + H, l:l + W]
     out = out_like((N, C, H, W))
-    out.copy_(dx)
+    if sym and dx.stride() == out.stride() and dx.dtype == out.dtype:
+        out = dx             # oneDNN's dx is already in the kernel's layout: no copy
+    else:
+        out.copy_(dx)
     return out, dw.float(), (db.float() if need_bias else None)
 
 
