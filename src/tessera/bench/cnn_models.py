@@ -218,8 +218,8 @@ def _f(v, fmt):
 
 def table(res) -> str:
     lines = [f"CPU: {res['cpu']} ({res['threads']} torch threads), torch {res['torch']}, onnxruntime "
-             f"{res['onnxruntime']}; inputs N(0, 1) (trained setting: task samples); 1-min load average {res['load_before']:.1f} before, "
-             f"{res['load_after']:.1f} after (2 cores, shared)", "",
+             f"{res['onnxruntime']}; inputs N(0, 1) (trained setting: task samples); 1-min load average "
+             f"{res['load_before']:.1f} before, {res['load_after']:.1f} after (2 cores, shared)", "",
              "## Quality vs fp32 eager: top-1 agreement / logit SQNR (dB)", "",
              "| model / setting | inputs | distinct fp32 top-1 | fp32 + 40 dB input noise | " +
              " | ".join(CONTENDERS[1:]) + " |", "|---|---|---|---|" + "---|" * (len(CONTENDERS) - 1)]
@@ -227,8 +227,8 @@ def table(res) -> str:
         cells = [f"{100 * q[k]['top1_agreement']:.1f}% / {q[k]['sqnr_db']:.1f}" if k in q else "-"
                  for k in CONTENDERS[1:]]
         r = res["task"]["res"] if "task_accuracy" in q else res["res"]
-        lines.append(f"| {key} | {q['n']} at {r}x{r} | {q['distinct_top1_fp32']} | {q['fp32_input_noise_40dB_sqnr']:.1f} dB | "
-                     + " | ".join(cells) + " |")
+        lines.append(f"| {key} | {q['n']} at {r}x{r} | {q['distinct_top1_fp32']} | "
+                     f"{q['fp32_input_noise_40dB_sqnr']:.1f} dB | " + " | ".join(cells) + " |")
     trained = {k: q for k, q in res["quality"].items() if "task_accuracy" in q}
     if trained:
         t = res["task"]
