@@ -443,8 +443,8 @@ def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like
 def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias, out_like):
     """(dx, dweight, dbias) by ``aten.convolution_backward`` (oneDNN): dz = dy * act'(z) with the
     pre-activation z recomputed in fp32 (as the kernels do), dz rounded to x's dtype for the
-    library call; dweight and dbias are returned in fp32 (the op casts them), dx in the layout
-    of ``out_like(shape)``."""
+    library call; dweight and dbias come back in the library's dtype (the weight's: the op casts
+    to it, a no-op here), dx in the layout of ``out_like(shape)``."""
     from .ops.conv2d.ref import act_grad
     N, C, H, W = x.shape
     t, b, l, r = pads
@@ -466,7 +466,7 @@ def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activat
         out = dx             # oneDNN's dx is already in the kernel's layout: no copy
     else:
         out.copy_(dx)
-    return out, dw.float(), (db.float() if need_bias else None)
+    return out, dw, (db if need_bias else None)
 
 
 # ---------------------------------------------------------------- calibration
