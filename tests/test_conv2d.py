@@ -122,6 +122,22 @@ def _cnn():
         torch.nn.Conv2d(8, 16, 1), torch.nn.BatchNorm2d(16))
 
 
+def test_checked_signatures_still_reject_bad_calls():
+    """_check remembers argument signatures that passed; a call that differs in anything it
+    checks (dtype, a bias of the wrong size, groups) is still validated and rejected."""
+    from tessera.ops import conv2d as conv_mod
+    x, w, b = torch.randn(1, 4, 5, 5), torch.randn(6, 4, 3, 3), torch.randn(6)
+    tessera.conv2d(x, w, b, padding=1)
+    tessera.conv2d(x, w, b, padding=1)              # served from the memo
+    assert any(k[0] == x.shape and k[3] == w.shape for k in conv_mod._CHECKED)
+    with pytest.raises(ValueError, match="bias"):
+        tessera.conv2d(x, w, torch.randn(5), padding=1)
+    with pytest.raises(TypeError, match="same dtype"):
+        tessera.conv2d(x, w.to(torch.bfloat16), b, padding=1)
+    with pytest.raises(ValueError, match="groups"):
+        tessera.conv2d(x, w, b, padding=1, groups=3)
+
+
 def test_nn_conv2d_is_a_drop_in():
     torch.manual_seed(0)
     ref = torch.nn.Conv2d(5, 6, 3, stride=2, padding=1, groups=1)

@@ -420,9 +420,10 @@ def int8_linear(x, weight, sw, bias, activation, bits):
     return activate(y, activation).to(x.dtype)
 
 
-def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like):
+def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like, channels_last):
     """F.conv2d + activation (relu / relu6 in place on the result, exact; silu / gelu in fp32,
-    rounded once); returned in the layout of ``out_like(shape)`` (the kernel's)."""
+    rounded once); returned in the layout of ``out_like(shape)`` (the kernel's: channels-last
+    strides when ``channels_last``, else contiguous)."""
     from .ops.conv2d.ref import act_fwd
     t, b, l, r = pads
     if t == b and l == r:
@@ -433,9 +434,11 @@ def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like
         y = y.relu_() if activation == "relu" else y.clamp_(0.0, 6.0)
     elif activation is not None:
         y = act_fwd(y.float(), activation).to(x.dtype)
+    n, c, h, w = y.shape     # the strides out_like would give, computed without allocating
+    want = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+    if y.stride() == want:
+        return y             # already in the kernel's layout (x's): no copy
     out = out_like(tuple(y.shape))
-    if y.stride() == out.stride():
-        return y
     out.copy_(y)
     return out
 

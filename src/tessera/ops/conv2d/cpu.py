@@ -124,11 +124,11 @@ def forward(x, weight, bias, stride, pads, dilation, groups, activation):
     N = x.shape[0]
     cout, cing, KH, KW = weight.shape
     OH, OW = _out_hw(x, weight, stride, pads, dilation)
-    dwk = _is_dw(weight, groups)
+    dwk, cl = _is_dw(weight, groups), _channels_last(x)
     if N and dispatch.use_vendor("conv2d_dw" if dwk else "conv2d", x.dtype, N * OH * OW, cout, cing * KH * KW,
-                                 nchw=x.shape[1] > 1 and not _channels_last(x)):
+                                 nchw=x.shape[1] > 1 and not cl):
         return dispatch.conv2d(x, weight, bias, stride, pads, dilation, groups, activation,
-                               lambda s: _out(x, *s))
+                               lambda s: _out(x, *s), cl)
     out = _out(x, N, cout, OH, OW)
     if N == 0:
         return out
