@@ -41,6 +41,12 @@ class BackendError(RuntimeError):
     """An explicitly requested backend cannot run this op on these inputs."""
 
 
+def bf16_compute_if(arg: str) -> Callable[[dict], str]:
+    """An ``OpSpec.compute_dtype`` for an op whose bf16 input ``arg`` lets some route run bf16
+    arithmetic (VDPBF16PS, AMX through oneDNN): "bf16" when ``kw[arg]`` is bf16, else "fp32"."""
+    return lambda kw: "bf16" if kw[arg].dtype == torch.bfloat16 else "fp32"
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One correctness/benchmark case of an op.

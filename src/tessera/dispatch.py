@@ -420,6 +420,13 @@ def int8_linear(x, weight, sw, bias, activation, bits):
     return activate(y, activation).to(x.dtype)
 
 
+def _in_kernel_layout(t, channels_last: bool) -> bool:
+    """Does ``t`` (N, C, H, W) have the strides of the kernels' output (``ops.conv2d.cpu._out``:
+    channels-last or contiguous), so a vendor result can be returned without a copy?"""
+    n, c, h, w = t.shape
+    return t.stride() == ((h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1))
+
+
 def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like, channels_last):
     """F.conv2d + activation (relu / relu6 in place on the result, exact; silu / gelu in fp32,
     rounded once); returned in the layout of ``out_like(shape)`` (the kernel's: channels-last
@@ -434,16 +441,15 @@ def conv2d(x, weight, bias, stride, pads, dilation, groups, activation, out_like
         y = y.relu_() if activation == "relu" else y.clamp_(0.0, 6.0)
     elif activation is not None:
         y = act_fwd(y.float(), activation).to(x.dtype)
-    n, c, h, w = y.shape     # the strides out_like would give, computed without allocating
-    want = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
-    if y.stride() == want:
+    if _in_kernel_layout(y, channels_last):
         return y             # already in the kernel's layout (x's): no copy
     out = out_like(tuple(y.shape))
     out.copy_(y)
     return out
 
 
-def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias, out_like):
+def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias, out_like,
+                    channels_last):
     """(dx, dweight, dbias) by ``aten.convolution_backward`` (oneDNN): dz = dy * act'(z) with the
     pre-activation z recomputed in fp32 (as the kernels do), dz rounded to x's dtype for the
     library call; dweight and dbias come back in the library's dtype (the weight's: the op casts
@@ -464,11 +470,10 @@ def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activat
         False, [0, 0], groups, [True, True, need_bias])
     if not sym:
         dx = dx[:, :, t:t + H, l:l + W]
+    if sym and dx.dtype == x.dtype and _in_kernel_layout(dx, channels_last):
+        return dx, dw, (db if need_bias else None)    # already in the kernel's layout: no copy
     out = out_like((N, C, H, W))
-    if sym and dx.stride() == out.stride() and dx.dtype == out.dtype:
-        out = dx             # oneDNN's dx is already in the kernel's layout: no copy
-    else:
-        out.copy_(dx)
+    out.copy_(dx)
     return out, dw, (db if need_bias else None)
 
 

@@ -267,7 +267,7 @@ def make_op(op: str, summary: str, spec_holder: dict):
 def register(op: str, fn, ref, eager, spec_holder: dict, fp32_tol: dict, a8: bool):
     """Register the OpSpec of one int4 linear: cases, bytes/FLOPs model, bound and peers are
     shared; name, fn, references, tolerance and the W4A8 peer differ."""
-    from ..._registry import OpSpec, register_op
+    from ..._registry import OpSpec, bf16_compute_if, register_op
     spec_holder["spec"] = register_op(OpSpec(
         name=op, fn=fn, ref=ref, eager=eager,
         kernels={"reference": f"tessera.ops.{op}.ref", "cpu": f"tessera.ops.{op}.cpu",
@@ -277,7 +277,7 @@ def register(op: str, fn, ref, eager, spec_holder: dict, fp32_tol: dict, a8: boo
         # W4A8: VPDPBUSD.  W4A16: the kernel's GEMM runs fp32 FMAs, but bf16 x lets the vendor
         # route (dispatch) run oneDNN's bf16 GEMM (AMX on Sapphire Rapids), so a bf16 row is judged
         # against the bf16 peak -- against the FMA peak it read 235-420 %
-        compute_dtype="int8" if a8 else (lambda kw: "bf16" if kw["x"].dtype == torch.bfloat16 else "fp32"),
+        compute_dtype="int8" if a8 else bf16_compute_if("x"),
         bench_cases=bench_cases(), fp32_tol=fp32_tol, fuzz="test_qlinear_int4.py", peers=peers(a8=a8),
     ))
     return spec_holder["spec"]

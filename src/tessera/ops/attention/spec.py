@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._registry import Case, OpSpec
+from ..._registry import Case, OpSpec, bf16_compute_if
 from ... import _cases as C
 from .ref import window_bounds
 
@@ -153,7 +153,7 @@ def build_spec(fn, ref, eager):
         flops_fwd=_flops_fwd, flops_bwd=lambda kw: int(2.5 * _flops_fwd(kw)),
         bound="compute", bench_cases=_bench_cases(),
         # bf16 takes Q K^T with VDPBF16PS (attn_tiles.c): its ceiling is the bf16 peak
-        compute_dtype=lambda kw: "bf16" if kw["q"].dtype == torch.bfloat16 else "fp32",
+        compute_dtype=bf16_compute_if("q"),
         out_dtypes={1: torch.float32},
         # q/k/v are (batch, seq, heads, head_dim) or packed varlen + cu_seqlens: the generic row fuzz
         # cannot build them; random_case() below drives a hypothesis test in this file instead

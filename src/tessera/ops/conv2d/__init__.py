@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ... import _checks
 from ..._library import direct
-from ..._registry import Case, OpSpec, register_op, select
+from ..._registry import Case, OpSpec, bf16_compute_if, register_op, select
 from ... import _cases as C
 from .ref import ACTIVATIONS, conv2d_eager, conv2d_ref, is_channels_last
 
@@ -347,7 +347,7 @@ SPEC = register_op(OpSpec(
     bound=_bound, bench_cases=_bench_cases(), fuzz="test_conv2d.py",
     # bf16 x: oneDNN's bf16 conv (AMX on Sapphire Rapids) is the route dispatch takes for dense
     # layers, so a bf16 row's ceiling is the bf16 peak (against the FMA peak it read up to 437 %)
-    compute_dtype=lambda kw: "bf16" if kw["x"].dtype == torch.bfloat16 else "fp32",
+    compute_dtype=bf16_compute_if("x"),
     # fp32 sums of Cin/g*KH*KW (forward, dx) and N*OH*OW (dweight, dbias) products in a different
     # order than the float64 reference: atol scaled by ~sqrt(terms) over the default 1e-5
     fp32_tol={0: (1e-5, 1e-4)},

@@ -151,7 +151,7 @@ def backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, ne
     if N and dispatch.use_vendor("conv2d_dw_bwd" if _is_dw(weight, groups) else "conv2d_bwd", x.dtype,
                                  N * OH * OW, cout, cing * KH * KW):
         return dispatch.conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation,
-                                        need_bias, lambda s: _out(x, *s))
+                                        need_bias, lambda s: _out(x, *s), _channels_last(x))
     dx = _out(x, N, C, H, W)
     dw = new_output(tuple(weight.shape), torch.float32, x.device)
     db = new_output((cout,), torch.float32, x.device) if need_bias else None
