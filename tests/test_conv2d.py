@@ -190,3 +190,43 @@ def test_packed_weight_cache_sees_in_place_updates():
     del w
     torch.testing.assert_close(tessera.conv2d(x, w2 * 0.5, padding=1, backend="cpu"),
                                F.conv2d(x, w2 * 0.5, padding=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dw", [False, True], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_relu_backward_masks_dy_with_the_saved_output(act, dw, monkeypatch):
+    """relu / relu6: the backward reads act'(z) from the saved y (no recompute of z), so the backend
+    is asked for a plain conv backward; the gradient equals eager's conv + relu, kinks included
+    (integer data puts sums exactly on 0 and 6, where PyTorch's gradient is 0)."""
+    from tessera.ops.conv2d import cpu as conv_cpu
+    seen = []
+    real = conv_cpu.backward
+    monkeypatch.setattr(conv_cpu, "backward", lambda *a: seen.append(a[8]) or real(*a))
+    g = torch.Generator().manual_seed(3)
+    c = 16 if dw else 3
+    x = torch.randint(-2, 3, (2, c, 7, 9), generator=g).float().contiguous(memory_format=torch.channels_last)
+    w = torch.randint(-1, 2, (c, 1 if dw else c, 3, 3), generator=g).float()
+    b = torch.randint(0, 7, (c,), generator=g).float()
+    xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+    y = tessera.conv2d(xs, ws, bs, padding=1, groups=c if dw else 1, activation=act, backend="cpu")
+    ye = (F.relu if act == "relu" else F.relu6)(F.conv2d(x.double(), w.double(), b.double(), padding=1,
+                                                         groups=c if dw else 1))
+    assert ((ye == 0).sum() > 0) and (act == "relu" or (ye == 6).sum() > 0)   # kinks are hit
+    dy = torch.randn(y.shape, generator=g)
+    got = torch.autograd.grad(y, (xs, ws, bs), dy)
+    xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
+    zr = F.conv2d(xr, wr, br, padding=1, groups=c if dw else 1)
+    want = torch.autograd.grad((F.relu if act == "relu" else F.relu6)(zr), (xr, wr, br), dy.double())
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-4)
+    assert seen == [None]
+
+
+def test_relu_output_modified_in_place_is_an_autograd_error():
+    """The saved y is version-checked like eager relu's output: an in-place edit before backward
+    raises autograd's error instead of giving a wrong gradient."""
+    x = torch.randn(1, 4, 5, 5, requires_grad=True)
+    y = tessera.conv2d(x, torch.randn(4, 4, 3, 3), padding=1, activation="relu", backend="cpu")
+    y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -15,8 +15,9 @@ by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch runs on a
   is an integer of magnitude <= 128 * 127 * 15 < 2^24), then ``sx * sum_g acc_g * s_g``.
 * ``conv2d`` forward: ``F.conv2d`` (asymmetric pads via ``F.pad``) and the activation, the
   result in the kernel's memory format.  Backward: ``aten.convolution_backward`` on
-  dz = dy * act'(z), z recomputed in fp32 as the kernels do (keys ``conv2d_bwd`` and
-  ``conv2d_dw_bwd``, chosen by the same rule as the forward).
+  dz = dy * act'(z), z recomputed in fp32 as the kernels do (silu / gelu: the op masks dy for
+  relu / relu6 itself and passes no activation; keys ``conv2d_bwd`` and ``conv2d_dw_bwd``,
+  chosen by the same rule as the forward).
 
 The integer recipes keep the integer contract on both routes: the quantized activations and the
 integer accumulators are bit-identical, only the float epilogue may round differently (within the
@@ -153,7 +154,12 @@ DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     "conv2d:float32": 16, "conv2d:bfloat16": 16, "conv2d:float16": None,
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 3136, "conv2d_dw:float16": 3136,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": 16, "conv2d_bwd:float16": None,
-    "conv2d_dw_bwd:float32": 3136, "conv2d_dw_bwd:bfloat16": 3136, "conv2d_dw_bwd:float16": None,
+    # depthwise backward, remeasured 2026-12-06 after the row-parallel weight gradient and the
+    # in-place (virtually padded) reads of x and dz: the kernel takes 0.35-0.84x oneDNN's time on
+    # MobileNetV2's layers in fp32 (1.02-1.08x at 8x144x56x56 and the stride-2 layer); in bf16
+    # 0.53-1.04x up to M = 12544 and 1.48x at 8x144x56x56, but oneDNN's strided bf16 depthwise
+    # backward takes 5.8x the kernel's time (benchmarks/results/2026-12-06-cpu-conv2d-dw-bwd/)
+    "conv2d_dw_bwd:float32": None, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
 })
 
 
@@ -464,7 +470,15 @@ def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activat
     if activation is not None:
         z = F.conv2d(xin.float(), weight.float(), None if bias is None else bias.float(), stride, padding,
                      dilation, groups)
-        dz = (dy.float() * act_grad(z, activation)).to(x.dtype)
+        if activation in ("relu", "relu6"):
+            # aten's own masks (one fused pass; building the 0/1 mask in torch ops cost 1.2 ms at
+            # 32x112x112, 6x this); dy's values pass unchanged or become 0, so fp32 is exact
+            g = dy.float()
+            g = (torch.ops.aten.threshold_backward(g, z, 0.0) if activation == "relu"
+                 else torch.ops.aten.hardtanh_backward(g, z, 0.0, 6.0))
+            dz = g.to(x.dtype)
+        else:
+            dz = (dy.float() * act_grad(z, activation)).to(x.dtype)
     dx, dw, db = torch.ops.aten.convolution_backward(
         dz, xin, weight, [weight.shape[0]] if need_bias else None, list(stride), list(padding), list(dilation),
         False, [0, 0], groups, [True, True, need_bias])
@@ -526,7 +540,8 @@ def _conv_call(dtype, batch, depthwise, gen, backward=False):
     g = C if depthwise else 1
     if backward:
         dy = torch.randn(batch, C, 28, 28, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
-        return lambda: cpu.backward(dy, x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), g, "relu", True)
+        # activation None: the op hands relu's backward to the backends as a masked dy (ops/conv2d)
+        return lambda: cpu.backward(dy, x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), g, None, True)
     return lambda: tessera.conv2d(x, w, b, padding=1, groups=g, activation="relu")
 
 

@@ -14,11 +14,11 @@ Numerics: products accumulate in fp32 for every dtype (fp16/bf16 inputs are wide
 load), the epilogue runs on the fp32 sum, and the result is rounded once (round to
 nearest even) to x's dtype.  weight and bias must have x's dtype.
 
-Backward (dx, dweight, dbias): the pre-activation z is recomputed by the forward kernel
-when an activation is fused (it is not saved: activation memory stays one tensor), then
-dz = dy * act'(z); dx is the forward kernel run on dz (zero-inserted for strides, padded
-by d*(k-1) - pad) with the weight flipped and transposed per group; dweight correlates x
-with dz; dbias sums dz.  dweight/dbias accumulate in fp32 and are cast to weight's dtype.
+Backward (dx, dweight, dbias): dz = dy * act'(z).  relu / relu6 read that mask from the
+saved output y (as eager's relu does; for fp16/bf16 y, from the rounded value); silu / gelu
+recompute z in fp32 with the forward kernel (only x is kept for them).  dx is the forward
+kernel run on dz (zero-inserted for strides, padded by d*(k-1) - pad) with the weight
+flipped and transposed per group; dweight correlates x with dz; dbias sums dz.  dweight/dbias accumulate in fp32 and are cast to weight's dtype.
 
 Roofline: forward reads x and weight and writes y; FLOPs 2 * N*OH*OW * Cout * Cin/g * KH*KW.
 Depthwise convs are memory-bound, dense ones compute-bound (fp32 FMA peak).
@@ -180,16 +180,28 @@ def _(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias
     return _out_like(x, x.shape), weight.new_empty(weight.shape), db
 
 
+_MASK_ACTS = ("relu", "relu6")
+
+
 def _setup(ctx, inputs, output):
     x, weight, bias, stride, pads, dilation, groups, activation, backend = inputs
     ctx.args = (stride, pads, dilation, groups, activation)
     ctx.has_bias, ctx.backend = bias is not None, backend
-    ctx.save_for_backward(x, weight, bias)
+    # relu / relu6: act'(z) is a mask that y itself gives (y > 0 iff z > 0; 0 < y < 6 iff 0 < z < 6),
+    # so y is kept, as eager's relu keeps its output, and the backward needs no recompute of z
+    # (a whole forward conv: a third of a dense layer's backward)
+    ctx.save_for_backward(x, weight, bias, output if activation in _MASK_ACTS else None)
 
 
 def _backward(ctx, dy):
-    x, weight, bias = ctx.saved_tensors
+    x, weight, bias, y = ctx.saved_tensors
     stride, pads, dilation, groups, activation = ctx.args
+    if y is not None:
+        # dz = dy where the activation passes, else 0 (PyTorch's threshold / hardtanh backward);
+        # for fp16/bf16 y the mask is read from the rounded output, as eager reads relu's
+        dy = (torch.ops.aten.threshold_backward(dy, y, 0.0) if activation == "relu"
+              else torch.ops.aten.hardtanh_backward(dy, y, 0.0, 6.0))
+        activation = None
     # a plain backward (no create_graph, no tracing) skips the dispatcher like the forward: the
     # custom op's overhead was ~140 us a call, a quarter of a small bf16 layer's backward
     dx, dw, db = direct(_conv2d_backward, _conv2d_backward_impl, dy, x, weight, bias)(

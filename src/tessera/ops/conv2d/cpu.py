@@ -5,10 +5,11 @@ for an unpadded channels-last fp32 x, which already is one), weights are packed 
 [kh][kw][c_in][c_out rounded up to 16] (depthwise: [kh][kw][C]), then the dense implicit-GEMM
 or the direct depthwise kernel writes y in x's memory format with the fused epilogue.
 
-Backward: z recomputed (fp32 NHWC) when an activation is fused; dz = dy * act'(z) packed
-fp32 NHWC; dweight and dbias from dz and the padded x; dx = the forward kernel on dz
-zero-inserted by the stride and padded by d*(k-1) - pad, with the weight flipped in
-(kh, kw) and c_in/c_out swapped per group.
+Backward: z recomputed (fp32 NHWC) when an activation is fused (silu / gelu: the op hands
+relu / relu6 over as an already masked dy); dz = dy * act'(z) packed fp32 NHWC; dweight and
+dbias from dz and the padded x (depthwise: the unpadded x, read in place); dx = the forward
+kernel on dz zero-inserted by the stride and padded by d*(k-1) - pad (depthwise stride 1: dz
+itself, padded virtually), with the weight flipped in (kh, kw) and c_in/c_out swapped per group.
 """
 from __future__ import annotations
 
@@ -144,12 +145,18 @@ def forward(x, weight, bias, stride, pads, dilation, groups, activation):
     return out
 
 
+def _nhwc_f32(t):
+    """t (N, C, H, W) as an fp32 NHWC tensor: a view when it already is one, else a packed copy."""
+    return _padded_input(t, (0, 0, 0, 0))
+
+
 def backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, need_bias):
     N, C, H, W = x.shape
     cout, cing, KH, KW = weight.shape
     OH, OW = dy.shape[2], dy.shape[3]
-    if N and dispatch.use_vendor("conv2d_dw_bwd" if _is_dw(weight, groups) else "conv2d_bwd", x.dtype,
-                                 N * OH * OW, cout, cing * KH * KW):
+    dwk = _is_dw(weight, groups)
+    if N and dispatch.use_vendor("conv2d_dw_bwd" if dwk else "conv2d_bwd", x.dtype, N * OH * OW, cout,
+                                 cing * KH * KW):
         return dispatch.conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activation,
                                         need_bias, lambda s: _out(x, *s), _channels_last(x))
     dx = _out(x, N, C, H, W)
@@ -160,33 +167,64 @@ def backward(dy, x, weight, bias, stride, pads, dilation, groups, activation, ne
         if db is not None:
             db.zero_()
         return dx, dw, db
+    if dwk:
+        _backward_dw(dy, x, weight, bias, stride, pads, dilation, ACT_CODE[activation], dx, dw, db)
+        return dx, dw, db
     lib, act = _lib(), ACT_CODE[activation]
-    dwk = _is_dw(weight, groups)
     xp = _padded_input(x, pads)
     Hp, Wp = xp.shape[1], xp.shape[2]
     z = None
     if act:  # recompute the pre-activation sum in fp32 NHWC
         z = new_output((N, OH, OW, cout), torch.float32, x.device)
         wp, cop = _packed_weight(weight, groups)
-        _conv(xp, wp, cop, bias, z.permute(0, 3, 1, 2), groups, dwk, cing, cout // groups, KH, KW, stride,
+        _conv(xp, wp, cop, bias, z.permute(0, 3, 1, 2), groups, False, cing, cout // groups, KH, KW, stride,
               dilation, 0)
     dz = _pack(dy, OH, OW, 0, 0, z=z, act=act)              # fp32 NHWC dz
     th = cpu.threads_for(dz.numel() * cing * KH * KW // 16)
-    if dwk:
-        f = cpu.declare(lib, "tsr_conv2d_wgrad_dw", "pllllpllllllllpi")
-        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(dz), OH, OW, KH, KW, *stride, *dilation, cpu.ptr(dw), th)
-    else:
-        f = cpu.declare(lib, "tsr_conv2d_wgrad", "pllllpllllllllllllpi")
-        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(dz), OH, OW, cout, groups, cing, cout // groups, KH, KW,
-               *stride, *dilation, cpu.ptr(dw), th)
+    f = cpu.declare(lib, "tsr_conv2d_wgrad", "pllllpllllllllllllpi")
+    rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(dz), OH, OW, cout, groups, cing, cout // groups, KH, KW,
+           *stride, *dilation, cpu.ptr(dw), th)
     cpu.check_rc(rc, "conv2d weight gradient")
     if db is not None:
         f = cpu.declare(lib, "tsr_conv2d_bgrad", "pllp")
         cpu.check_rc(f(cpu.ptr(dz), N * OH * OW, cout, cpu.ptr(db)), "conv2d bias gradient")
-    # dx: correlate dz (zero-inserted by the stride, offset by d*(k-1) - pad) with the flipped weight
-    Hz, Wz = H + dilation[0] * (KH - 1), W + dilation[1] * (KW - 1)
-    dzz = _pack(dz.permute(0, 3, 1, 2), Hz, Wz, dilation[0] * (KH - 1) - pads[0], dilation[1] * (KW - 1) - pads[2],
-                stride[0], stride[1])
-    wt, cop = _packed_weight(weight, groups, transpose=True)
-    _conv(dzz, wt, cop, None, dx, groups, dwk, cout // groups, cing, KH, KW, (1, 1), dilation, 0)
+    _input_grad(dz, weight, groups, False, (H, W), stride, pads, dilation, dx)
     return dx, dw, db
+
+
+def _input_grad(dz, weight, groups, dwk, hw, stride, pads, dilation, dx):
+    """dx: dz (fp32 NHWC) correlated with the flipped weight, dz zero-inserted by the stride and
+    offset by d*(k-1) - pad.  The depthwise kernel pads virtually, so at stride 1 it reads dz in
+    place (no zero-inserted copy)."""
+    cout, cing, KH, KW = weight.shape
+    H, W = hw
+    vh, vw = dilation[0] * (KH - 1) - pads[0], dilation[1] * (KW - 1) - pads[2]
+    wt, cop = _packed_weight(weight, groups, transpose=True)
+    if dwk and tuple(stride) == (1, 1) and vh >= 0 and vw >= 0:
+        _conv(dz, wt, cop, None, dx, groups, True, cout // groups, cing, KH, KW, (1, 1), dilation, 0, (vh, vw))
+        return
+    dzz = _pack(dz.permute(0, 3, 1, 2), H + dilation[0] * (KH - 1), W + dilation[1] * (KW - 1), vh, vw,
+                stride[0], stride[1])
+    _conv(dzz, wt, cop, None, dx, groups, dwk, cout // groups, cing, KH, KW, (1, 1), dilation, 0)
+
+
+def _backward_dw(dy, x, weight, bias, stride, pads, dilation, act, dx, dw, db):
+    """Depthwise backward: every pass reads the unpadded x (in place when it is fp32 channels-last)
+    with virtual zero padding; dweight and dbias come from one pass over dz."""
+    N, C, H, W = x.shape
+    KH, KW = weight.shape[2], weight.shape[3]
+    OH, OW = dy.shape[2], dy.shape[3]
+    xs = _nhwc_f32(x)
+    z = None
+    if act:  # recompute the pre-activation sum in fp32 NHWC
+        z = new_output((N, OH, OW, C), torch.float32, x.device)
+        wp, _ = _packed_weight(weight, C)
+        _conv(xs, wp, 0, bias, z.permute(0, 3, 1, 2), C, True, 1, 1, KH, KW, stride, dilation, 0,
+              (pads[0], pads[2]))
+    dz = _nhwc_f32(dy) if not act else _pack(dy, OH, OW, 0, 0, z=z, act=act)   # fp32 NHWC dz
+    th = cpu.threads_for(dz.numel() * KH * KW)
+    f = cpu.declare(_lib(), "tsr_conv2d_wgrad_dw", "pllllpllllllllllppi")
+    rc = f(cpu.ptr(xs), N, H, W, C, cpu.ptr(dz), OH, OW, KH, KW, *stride, *dilation, pads[0], pads[2],
+           cpu.ptr(dw), cpu.ptr(db), th)
+    cpu.check_rc(rc, "conv2d weight gradient")
+    _input_grad(dz, weight, C, True, (H, W), stride, pads, dilation, dx)
