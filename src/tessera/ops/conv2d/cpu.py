@@ -95,13 +95,16 @@ def _packed_weight(weight, groups, transpose=False):
                                lambda: _pack_weight(weight, groups, transpose))
 
 
-def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0)):
+def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0),
+          work=None):
     """Run the forward kernel on the packed input xp [N, Hp, Wp, C] into out (N, G*M, OH, OW);
-    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp."""
+    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp; ``work``
+    (optional, from the caller's plan): the thread heuristic's size."""
     N, Hp, Wp, C = xp.shape
     OH, OW = out.shape[2], out.shape[3]
-    b = as_fp32_param(bias)
-    th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16)
+    b = None if bias is None else bias if bias.dtype == torch.float32 and bias.is_contiguous() \
+        else as_fp32_param(bias)
+    th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16 if work is None else work)
     if dw_kernel:
         f = cpu.declare(_lib(), "tsr_conv2d_fwd_dw", "pllllpppillllllllllllllii")
         rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
@@ -121,27 +124,64 @@ def _out_hw(x, weight, stride, pads, dilation):
     return OH, OW
 
 
+class _Plan:
+    """What a forward call's signature decides, derived once per signature (``_plan``): at small
+    layers the Python glue (shapes, layouts, the packing decision) cost as much as the kernel."""
+    __slots__ = ("N", "cout", "cing", "KH", "KW", "OH", "OW", "dwk", "cl", "nchw", "sub", "view", "work")
+
+    def __init__(self, x, weight, stride, pads, dilation, groups):
+        self.N = x.shape[0]
+        self.cout, self.cing, self.KH, self.KW = weight.shape
+        self.OH, self.OW = _out_hw(x, weight, stride, pads, dilation)
+        self.dwk, self.cl = _is_dw(weight, groups), _channels_last(x)
+        self.nchw = x.shape[1] > 1 and not self.cl       # the vendor rule's NCHW flag
+        # a strided 1x1 conv reads every stride-th pixel: x is subsampled first (a view), so the
+        # packing pass converts only those (it converted all of x: 0.37x eager on ResNet's downsample)
+        self.sub = self.KH == self.KW == 1 and not any(pads) and tuple(stride) != (1, 1)
+        if self.sub:
+            x = x[:, :, ::stride[0], ::stride[1]]
+        # the depthwise kernel pads virtually, so an fp32 channels-last x is read in place
+        self.view = (self.dwk or not any(pads)) and x.dtype == torch.float32 and _channels_last(x) and \
+            x.permute(0, 2, 3, 1).is_contiguous()
+        self.work = self.N * self.OH * self.OW * self.cout * max(1, self.cing) * self.KH * self.KW // 16
+
+
+_PLANS: dict = {}
+
+
+def _plan(x, weight, stride, pads, dilation, groups) -> _Plan:
+    key = (x.shape, x.stride(), x.dtype, weight.shape, stride, pads, dilation, groups)
+    p = _PLANS.get(key)
+    if p is None:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        p = _PLANS[key] = _Plan(x, weight, stride, pads, dilation, groups)
+    return p
+
+
 def forward(x, weight, bias, stride, pads, dilation, groups, activation):
-    N = x.shape[0]
-    cout, cing, KH, KW = weight.shape
-    OH, OW = _out_hw(x, weight, stride, pads, dilation)
-    dwk, cl = _is_dw(weight, groups), _channels_last(x)
-    if N and dispatch.use_vendor("conv2d_dw" if dwk else "conv2d", x.dtype, N * OH * OW, cout, cing * KH * KW,
-                                 nchw=x.shape[1] > 1 and not cl):
+    p = _plan(x, weight, stride, pads, dilation, groups)
+    N, cout, OH, OW = p.N, p.cout, p.OH, p.OW
+    if N and dispatch.use_vendor("conv2d_dw" if p.dwk else "conv2d", x.dtype, N * OH * OW, cout,
+                                 p.cing * p.KH * p.KW, nchw=p.nchw):
         return dispatch.conv2d(x, weight, bias, stride, pads, dilation, groups, activation,
-                               lambda s: _out(x, *s), cl)
-    out = _out(x, N, cout, OH, OW)
+                               lambda s: _out(x, *s), p.cl)
+    if p.cl:
+        out = new_output((N, OH, OW, cout), x.dtype, x.device).permute(0, 3, 1, 2)
+    else:
+        out = new_output((N, cout, OH, OW), x.dtype, x.device)
     if N == 0:
         return out
-    if KH == KW == 1 and not any(pads) and tuple(stride) != (1, 1):
-        # a strided 1x1 conv reads every stride-th pixel: subsample first (a view), so the packing
-        # pass converts only those (it converted all of x: 0.37x eager on ResNet's downsample)
+    if p.sub:
         x, stride = x[:, :, ::stride[0], ::stride[1]], (1, 1)
-    # the depthwise kernel pads virtually (reads x in place when it is fp32 channels-last)
-    xp = _padded_input(x, (0, 0, 0, 0) if dwk else pads)
+    if p.view:
+        xp = x.permute(0, 2, 3, 1)
+    else:
+        xp = _pack(x, x.shape[2] + pads[0] + pads[1], x.shape[3] + pads[2] + pads[3], pads[0], pads[2]) \
+            if not p.dwk else _pack(x, x.shape[2], x.shape[3], 0, 0)
     wp, cop = _packed_weight(weight, groups)
-    _conv(xp, wp, cop, bias, out, groups, dwk, cing, cout // groups, KH, KW, stride, dilation, ACT_CODE[activation],
-          (pads[0], pads[2]) if dwk else (0, 0))
+    _conv(xp, wp, cop, bias, out, groups, p.dwk, p.cing, cout // groups, p.KH, p.KW, stride, dilation,
+          ACT_CODE[activation], (pads[0], pads[2]) if p.dwk else (0, 0), p.work)
     return out
 
 
