@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tessera
 from tessera import dispatch
@@ -244,17 +245,35 @@ def test_builtin_table_follows_the_cpu_vendor(monkeypatch, tmp_path):
 
 
 def test_few_channel_conv_floor_follows_the_cpu_vendor(monkeypatch):
-    """A dense conv under CONV_NK_MIN stays on the kernel, except bf16 on Intel (AMX oneDNN wins
-    there at every few-channel shape measured); the floor never applies to depthwise convs."""
+    """A dense conv (3x3 or 1x1) under CONV_NK_MIN stays on the kernel, except on Intel (oneDNN wins
+    there at every few-channel shape measured, AMX in bf16); the floor never applies to depthwise."""
     monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
-    monkeypatch.setattr(dispatch, "thresholds", lambda: {"conv2d:float32": 16, "conv2d:bfloat16": 16})
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {f"{op}:{dt}": 16 for op in ("conv2d", "conv2d_1x1")
+                                                         for dt in ("float32", "bfloat16")})
     stem = (64, 3 * 7 * 7)                       # N * K = 9408 < CONV_NK_MIN
-    for vendor, want in (("GenuineIntel", {torch.float32: "kernel", torch.bfloat16: "vendor"}),
+    for vendor, want in (("GenuineIntel", {torch.float32: "vendor", torch.bfloat16: "vendor"}),
                          ("AuthenticAMD", {torch.float32: "kernel", torch.bfloat16: "kernel"})):
         monkeypatch.setattr(dispatch, "cpu_vendor", lambda v=vendor: v)
         for dtype, r in want.items():
             assert dispatch.route("conv2d", dtype, 12544, *stem) == r, (vendor, dtype)
+            assert dispatch.route("conv2d_1x1", dtype, 12544, 96, 16) == r, (vendor, dtype)
             assert dispatch.route("conv2d", dtype, 12544, 64, 64 * 9) == "vendor"   # above the floor
+
+
+def test_pointwise_convs_have_their_own_key(monkeypatch):
+    """A dense 1x1 conv asks the table under "conv2d_1x1" (a GEMM over channels: in fp32 on Intel
+    the kernel wins it at small M where oneDNN wins 3x3 convs), 3x3 under "conv2d"."""
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    assert set(k for k in dispatch.DEFAULTS if k.startswith("conv2d_1x1:")) == \
+        {"conv2d_1x1:float32", "conv2d_1x1:bfloat16", "conv2d_1x1:float16"}
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {"conv2d:float32": 16, "conv2d_1x1:float32": None})
+    x = torch.randn(1, 64, 9, 9).contiguous(memory_format=torch.channels_last)
+    for k, key, route in ((1, "conv2d_1x1", "kernel"), (3, "conv2d", "vendor")):
+        w, b = torch.randn(384, 64, k, k) * 0.05, torch.randn(384)
+        before = {r: dispatch.counts.get((key, r), 0) for r in ("kernel", "vendor")}
+        y = tessera.conv2d(x, w, b, padding=k // 2, activation="relu", backend="cpu")
+        assert dispatch.counts.get((key, route), 0) == before[route] + 1, (k, key)
+        torch.testing.assert_close(y, F.relu(F.conv2d(x, w, b, padding=k // 2)), rtol=1e-4, atol=1e-4)
 
 
 def test_threshold_rule_and_bands(monkeypatch):

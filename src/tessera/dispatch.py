@@ -43,8 +43,8 @@ table says: the kernels are NHWC, and the layout copies they would need cost mor
 The thresholds come from a calibration measured on the machine: ``python -m tessera.dispatch
 --calibrate`` times both routes interleaved (best of several rounds, so other processes' load
 inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: a 3x3 layer with bias and relu,
-64 -> 64 channels at 28x28, batch 1..8, forward and backward, and a depthwise 3x3 of 144
-channels) and stores, per (op, dtype), the smallest M from which the vendor route beats the
+64 -> 64 channels at 28x28, batch 1..8, forward and backward, a depthwise 3x3 of 144 channels and
+a 1x1 of 256 -> 256 channels at 14x14) and stores, per (op, dtype), the smallest M from which the vendor route beats the
 kernel by at least 5 % at every larger measured M; where it wins only inside the range, at two or
 more consecutive measured M, the band ``[first M, next measured M after the last]``.  The result
 is cached on disk as
@@ -124,7 +124,10 @@ CONV_NK_MIN = 1 << 14            # C_out * C_in/g * KH * KW of a dense conv belo
 # ... except where a CPU vendor's oneDNN wins below it too: on Sapphire Rapids a bf16 conv runs on
 # AMX, 1.15-5.1x the kernel at every few-channel shape measured (ResNet-18's 3-channel stem 2.6x at
 # batch 1, 3.0x at 8; MobileNetV2's 1x1 convs of 16-144 channels 1.4-5.1x; 1 thread, 2026-12-05)
-CONV_NK_MIN_BY_VENDOR = {"GenuineIntel": {torch.bfloat16: 0}}
+# (fp32 too, remeasured 2026-12-06 at 2 threads: the 3-channel 7x7 stem 1.25-1.37x, MobileNetV2's
+# 16->96 / 24->144 expansions 2.0x, ResNet's 64->128 strided 1x1 1.4-2.8x; pointwise-conv rows:
+# benchmarks/results/2026-12-06-cpu-conv2d-pointwise/)
+CONV_NK_MIN_BY_VENDOR = {"GenuineIntel": {torch.bfloat16: 0, torch.float32: 0}}
 # conv2d forward on NCHW x: tessera's CPU conv kernels are NHWC, so NCHW x costs a layout copy in
 # and strided stores out (1.5-3x F.conv2d on NCHW MobileNetV2 layers, Sapphire Rapids, fp32), while
 # oneDNN runs NCHW natively; fp16 stays on the kernel (F.conv2d's fp16 path is slow on AVX-512 CPUs
@@ -133,7 +136,8 @@ NCHW_VENDOR_DTYPES = (torch.float32, torch.bfloat16)
 MARGIN = 0.05                    # calibration: the vendor route must win by this fraction
 
 # (op, dtype name) -> smallest M taking the vendor route under auto, or None (always the kernel).
-# op "conv2d" is a dense conv, "conv2d_dw" a depthwise one, "*_bwd" their backward.  One table
+# op "conv2d" is a dense conv, "conv2d_1x1" a dense 1x1 (pointwise) one, "conv2d_dw" a depthwise
+# one, "*_bwd" their backward (a 1x1 backward is a "conv2d_bwd").  One table
 # per CPU vendor (module docstring): oneDNN's relative speed differs more between them than
 # between sizes.  DEFAULTS (AMD EPYC, AVX-512 BF16/VNNI, no AMX) also serves other CPUs.
 DEFAULTS: dict[str, int | list | None] = {
@@ -142,6 +146,7 @@ DEFAULTS: dict[str, int | list | None] = {
     "linear_w8a8:float32": None, "linear_w8a8:bfloat16": None, "linear_w8a8:float16": None,
     "linear_a16w8:float32": None, "linear_a16w8:bfloat16": None, "linear_a16w8:float16": None,
     "conv2d:float32": 3136, "conv2d:bfloat16": 784, "conv2d:float16": None,
+    "conv2d_1x1:float32": 3136, "conv2d_1x1:bfloat16": 784, "conv2d_1x1:float16": None,
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": None, "conv2d_bwd:float16": None,
     "conv2d_dw_bwd:float32": 16, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
@@ -152,6 +157,9 @@ DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     "linear_w4a16:float32": 64, "linear_w4a16:bfloat16": 16, "linear_w4a16:float16": 32,
     "linear_w8a8:float32": [64, 256], "linear_w8a8:bfloat16": [64, 256], "linear_w8a8:float16": [64, 256],
     "conv2d:float32": 16, "conv2d:bfloat16": 16, "conv2d:float16": None,
+    # 1x1 convs (GEMMs over channels): in fp32 the kernel wins the small-M ones (960->160 at 7x7
+    # 0.56x oneDNN's time, 64->384 at 14x14 0.82x) and oneDNN from M = 784 (1.4-2.8x); AMX bf16 wins all
+    "conv2d_1x1:float32": 784, "conv2d_1x1:bfloat16": 16, "conv2d_1x1:float16": None,
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 3136, "conv2d_dw:float16": 3136,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": 16, "conv2d_bwd:float16": None,
     # depthwise backward, remeasured 2026-12-06 after the row-parallel weight gradient and the
@@ -254,7 +262,8 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nc
     if nchw and dtype in NCHW_VENDOR_DTYPES:
         return "vendor"
     thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
-    nk_min = conv_nk_min(dtype) if op == "conv2d" else 0 if op.startswith("conv2d") else LINEAR_NK_MIN
+    nk_min = conv_nk_min(dtype) if op in ("conv2d", "conv2d_1x1") else 0 if op.startswith("conv2d") \
+        else LINEAR_NK_MIN
     if isinstance(thr, (list, tuple)):   # a band [lo, hi)
         thr, hi = thr
         if M >= hi:
@@ -529,20 +538,26 @@ def _linear_calls(op, dtype, M, N, K, gen):
     return lambda: fn(x, q, s)
 
 
-def _conv_call(dtype, batch, depthwise, gen, backward=False):
-    """A CNN layer: 3x3, bias and relu, channels-last; the forward op, or the cpu backward."""
+# the calibration layer of each conv key: (channels, spatial size, kernel size); batch 1, 2, 4, 8
+_CONV_LAYER = {"conv2d": (64, 28, 3), "conv2d_dw": (144, 28, 3), "conv2d_1x1": (256, 14, 1),
+               "conv2d_bwd": (64, 28, 3), "conv2d_dw_bwd": (144, 28, 3)}
+
+
+def _conv_call(op, dtype, batch, gen):
+    """The calibration layer of ``op`` (``_CONV_LAYER``: bias and relu, channels-last, C -> C);
+    the forward op, or for the ``*_bwd`` keys the cpu backward."""
     import tessera
     from .ops.conv2d import cpu
-    C = 144 if depthwise else 64
-    x = torch.randn(batch, C, 28, 28, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
-    w = (torch.randn(C, 1 if depthwise else C, 3, 3, generator=gen) * 0.1).to(dtype)
+    C, H, k = _CONV_LAYER[op]
+    g = C if op.startswith("conv2d_dw") else 1
+    x = torch.randn(batch, C, H, H, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(C, C // g, k, k, generator=gen) * 0.1).to(dtype)
     b = torch.randn(C, generator=gen).to(dtype)
-    g = C if depthwise else 1
-    if backward:
-        dy = torch.randn(batch, C, 28, 28, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
+    if op.endswith("_bwd"):
+        dy = torch.randn(batch, C, H, H, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
         # activation None: the op hands relu's backward to the backends as a masked dy (ops/conv2d)
-        return lambda: cpu.backward(dy, x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), g, None, True)
-    return lambda: tessera.conv2d(x, w, b, padding=1, groups=g, activation="relu")
+        return lambda: cpu.backward(dy, x, w, b, (1, 1), (k // 2,) * 4, (1, 1), g, None, True)
+    return lambda: tessera.conv2d(x, w, b, padding=k // 2, groups=g, activation="relu")
 
 
 def _threshold(points):
@@ -568,8 +583,8 @@ def _threshold(points):
 
 
 def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.float32, torch.bfloat16),
-              ops=("linear_w4a16", "linear_w4a8", "linear_w8a8", "linear_a16w8", "conv2d", "conv2d_dw",
-                   "conv2d_bwd", "conv2d_dw_bwd"),
+              ops=("linear_w4a16", "linear_w4a8", "linear_w8a8", "linear_a16w8", "conv2d", "conv2d_1x1",
+                   "conv2d_dw", "conv2d_bwd", "conv2d_dw_bwd"),
               rounds=5, write=True, log=print) -> dict:
     """Measure both routes on this machine and (``write``) store the thresholds (module docstring).
     Returns {"thresholds": {...}, "points": {key: [[M, kernel_ms, vendor_ms], ...]}}."""
@@ -580,10 +595,10 @@ def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.floa
             key = f"{op}:{_DT[dt]}"
             pts = []
             if op.startswith("conv2d"):
+                H = _CONV_LAYER[op][1]
                 for batch in (1, 2, 4, 8):
-                    kt, vt = _time_pair(_conv_call(dt, batch, op.startswith("conv2d_dw"), gen,
-                                                   op.endswith("_bwd")), rounds)
-                    pts.append((batch * 28 * 28, kt, vt))
+                    kt, vt = _time_pair(_conv_call(op, dt, batch, gen), rounds)
+                    pts.append((batch * H * H, kt, vt))
             else:
                 for M in ms:
                     kt, vt = _time_pair(_linear_calls(op, dt, M, n, k, gen), rounds)

@@ -127,13 +127,15 @@ def _out_hw(x, weight, stride, pads, dilation):
 class _Plan:
     """What a forward call's signature decides, derived once per signature (``_plan``): at small
     layers the Python glue (shapes, layouts, the packing decision) cost as much as the kernel."""
-    __slots__ = ("N", "cout", "cing", "KH", "KW", "OH", "OW", "dwk", "cl", "nchw", "sub", "view", "work")
+    __slots__ = ("N", "cout", "cing", "KH", "KW", "OH", "OW", "dwk", "cl", "nchw", "sub", "view", "work", "key")
 
     def __init__(self, x, weight, stride, pads, dilation, groups):
         self.N = x.shape[0]
         self.cout, self.cing, self.KH, self.KW = weight.shape
         self.OH, self.OW = _out_hw(x, weight, stride, pads, dilation)
         self.dwk, self.cl = _is_dw(weight, groups), _channels_last(x)
+        # the dispatch table's key: depthwise, pointwise (a GEMM over channels) or other dense
+        self.key = "conv2d_dw" if self.dwk else "conv2d_1x1" if self.KH == self.KW == 1 else "conv2d"
         self.nchw = x.shape[1] > 1 and not self.cl       # the vendor rule's NCHW flag
         # a strided 1x1 conv reads every stride-th pixel: x is subsampled first (a view), so the
         # packing pass converts only those (it converted all of x: 0.37x eager on ResNet's downsample)
@@ -162,7 +164,7 @@ def _plan(x, weight, stride, pads, dilation, groups) -> _Plan:
 def forward(x, weight, bias, stride, pads, dilation, groups, activation):
     p = _plan(x, weight, stride, pads, dilation, groups)
     N, cout, OH, OW = p.N, p.cout, p.OH, p.OW
-    if N and dispatch.use_vendor("conv2d_dw" if p.dwk else "conv2d", x.dtype, N * OH * OW, cout,
+    if N and dispatch.use_vendor(p.key, x.dtype, N * OH * OW, cout,
                                  p.cing * p.KH * p.KW, nchw=p.nchw):
         return dispatch.conv2d(x, weight, bias, stride, pads, dilation, groups, activation,
                                lambda s: _out(x, *s), p.cl)
