@@ -313,3 +313,64 @@ def test_nchw_conv_forward_goes_to_the_vendor_under_auto(monkeypatch):
     with dispatch.forced("kernel"):
         want = tessera.conv2d(x, w, b, padding=1, groups=24, activation="relu6", backend="cpu")
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+def _attention_cases():
+    return [c for c in tessera.OPS["attention"].cases if "extreme" not in c.tags]
+
+
+@pytest.mark.parametrize("case", _attention_cases(), ids=lambda c: c.name)
+def test_attention_vendor_route_matches_reference(case, monkeypatch):
+    """bf16 attention under TESSERA_DISPATCH=vendor: the calls SDPA can express (equal-length
+    batches, no window but causal with Lq == Lk, no softcap) run CPU SDPA's flash backward, and
+    its forward unless the caller asked for lse (SDPA's lse misses the op's fp32 rule); either way
+    out, lse and (dq, dk, dv) pass the contract matrix."""
+    from tessera.testing.matrix import run_case
+    monkeypatch.setenv("TESSERA_DISPATCH", "vendor")
+    shapes, real = [], dispatch.attention_shape
+    monkeypatch.setattr(dispatch, "attention_shape", lambda *a: shapes.append(real(*a)) or shapes[-1])
+    before = dict(dispatch.counts)
+    r = run_case(tessera.OPS["attention"], "cpu", torch.bfloat16, case)
+    assert r.ok, f"{case.name}: {r.why}"
+    launched = {op: dispatch.counts.get((op, "vendor"), 0) - before.get((op, "vendor"), 0)
+                for op in ("attention", "attention_bwd")}
+    returns_lse = case.make(torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(0)).get(
+        "return_lse", False)
+    if any(s is not None for s in shapes):   # SDPA can express it
+        assert launched["attention_bwd"] >= 1 and (launched["attention"] >= 1) == (not returns_lse), launched
+    else:
+        assert launched == {"attention": 0, "attention_bwd": 0}, launched
+
+
+def test_attention_vendor_route_is_taken_only_where_sdpa_matches():
+    """attention_shape: full-length batches only (the cu_seqlens of a padded batch), causal only
+    with Lq == Lk (SDPA aligns its causal mask top-left), no window, no softcap, two keys or more."""
+    q, k = torch.empty(6, 2, 8), torch.empty(6, 2, 8)
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    assert dispatch.attention_shape(q, k, cu, cu, 3, 3, -1, -1, 0.0) == (2, 3, 3, False)
+    assert dispatch.attention_shape(q, k, cu, cu, 3, 3, -1, 0, 0.0) == (2, 3, 3, True)
+    assert dispatch.attention_shape(q, k, cu, cu, 3, 3, -1, 0, 30.0) is None          # softcap
+    assert dispatch.attention_shape(q, k, cu, cu, 3, 3, 2, 0, 0.0) is None            # sliding window
+    ragged = torch.tensor([0, 2, 6], dtype=torch.int32)
+    assert dispatch.attention_shape(q, k, ragged, ragged, 4, 4, -1, -1, 0.0) is None  # varlen
+    assert dispatch.attention_shape(q, k, ragged, ragged, 3, 3, -1, -1, 0.0) is None  # wrong max, same sum
+    k2, cu2 = torch.empty(8, 2, 8), torch.tensor([0, 4, 8], dtype=torch.int32)
+    assert dispatch.attention_shape(q, k2, cu, cu2, 3, 4, -1, -1, 0.0) == (2, 3, 4, False)
+    assert dispatch.attention_shape(q, k2, cu, cu2, 3, 4, -1, 0, 0.0) is None          # causal, Lq != Lk
+    one = torch.tensor([0, 1, 2], dtype=torch.int32)
+    assert dispatch.attention_shape(q, torch.empty(2, 2, 8), cu, one, 3, 1, -1, -1, 0.0) is None  # one key
+
+
+def test_attention_auto_sends_bf16_prefill_to_sdpa_only_without_lse(monkeypatch):
+    """auto with the Intel table: a bf16 prefill without return_lse takes SDPA's forward, with
+    return_lse the kernel; the two outputs agree within bf16's tolerance."""
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    monkeypatch.setattr(dispatch, "thresholds", lambda: dict(dispatch.DEFAULTS_INTEL))
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 48, h, 32, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+    before = dict(dispatch.counts)
+    out = tessera.attention(q, k, v, causal=True, backend="cpu")
+    assert dispatch.counts.get(("attention", "vendor"), 0) == before.get(("attention", "vendor"), 0) + 1
+    out2, lse = tessera.attention(q, k, v, causal=True, return_lse=True, backend="cpu")
+    assert dispatch.counts.get(("attention", "vendor"), 0) == before.get(("attention", "vendor"), 0) + 1
+    torch.testing.assert_close(out.float(), out2.float(), rtol=2e-2, atol=2e-2)

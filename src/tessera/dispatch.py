@@ -150,6 +150,10 @@ DEFAULTS: dict[str, int | list | None] = {
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": None, "conv2d_bwd:float16": None,
     "conv2d_dw_bwd:float32": 16, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
+    # attention (M = the sequence length; only calls SDPA can express, see attention_shape): not
+    # measured on this CPU, so the kernel
+    "attention:float32": None, "attention:bfloat16": None, "attention:float16": None,
+    "attention_bwd:float32": None, "attention_bwd:bfloat16": None, "attention_bwd:float16": None,
 }
 # Intel Sapphire Rapids (AVX-512 FP16/BF16/VNNI, AMX), 2 cores, torch 2.13, 2026-12-05:
 # benchmarks/results/2026-12-05-cpu-dispatch-intel/.
@@ -168,6 +172,10 @@ DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     # 0.53-1.04x up to M = 12544 and 1.48x at 8x144x56x56, but oneDNN's strided bf16 depthwise
     # backward takes 5.8x the kernel's time (benchmarks/results/2026-12-06-cpu-conv2d-dw-bwd/)
     "conv2d_dw_bwd:float32": None, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
+    # bf16 attention, 2026-12-06 (benchmarks/results/2026-12-06-cpu-attention-vendor/): SDPA's AMX
+    # flash forward takes 0.24-0.63x the kernel's time at every length from 64; its backward
+    # 0.38-0.69x from 1024, but up to 4.8x the kernel's time below (at 64 tokens)
+    "attention:bfloat16": 16, "attention_bwd:bfloat16": 1024,
 })
 
 
@@ -262,8 +270,8 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nc
     if nchw and dtype in NCHW_VENDOR_DTYPES:
         return "vendor"
     thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
-    nk_min = conv_nk_min(dtype) if op in ("conv2d", "conv2d_1x1") else 0 if op.startswith("conv2d") \
-        else LINEAR_NK_MIN
+    nk_min = conv_nk_min(dtype) if op in ("conv2d", "conv2d_1x1") else 0 \
+        if op.startswith(("conv2d", "attention")) else LINEAR_NK_MIN
     if isinstance(thr, (list, tuple)):   # a band [lo, hi)
         thr, hi = thr
         if M >= hi:
@@ -498,6 +506,52 @@ def conv2d_backward(dy, x, weight, bias, stride, pads, dilation, groups, activat
     out = out_like((N, C, H, W))
     out.copy_(dx)
     return out, dw, (db if need_bias else None)
+
+
+def attention_shape(q, k, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap):
+    """(B, Lq, Lk, causal) where torch's SDPA computes this packed attention call as the op defines
+    it: every sequence full length (cu = 0, L, 2L, ...), Lk >= 2, no softcap, and no window other
+    than causal with Lq == Lk (SDPA's causal mask is top-left aligned, the op's bottom-right); else
+    None.  (With one key dq is exactly 0, where SDPA's backward leaves rounding noise.)"""
+    B = cu_q.shape[0] - 1
+    Tq, Tk = q.shape[0], k.shape[0]
+    if softcap or B < 1 or window_left != -1 or max_q is None or max_k is None or max_q * B != Tq \
+            or max_k * B != Tk or max_q < 1 or max_k < 2:
+        return None
+    causal = window_right == 0
+    if not (window_right == -1 or (causal and max_q == max_k)):
+        return None
+    if not (torch.equal(cu_q, torch.arange(0, Tq + 1, max_q, dtype=cu_q.dtype, device=cu_q.device))
+            and torch.equal(cu_k, torch.arange(0, Tk + 1, max_k, dtype=cu_k.dtype, device=cu_k.device))):
+        return None
+    return B, max_q, max_k, causal
+
+
+def _bhld(t, B, L):
+    """packed (B*L, H, D) -> (B, H, L, D), a view"""
+    return t.unflatten(0, (B, L)).transpose(1, 2)
+
+
+def attention(q, k, v, shape, scale):
+    """(out (Tq, Hq, D), lse (Hq, Tq) fp32) by CPU SDPA's flash kernel (AMX bf16 on Sapphire
+    Rapids).  Its logsumexp is the op's (natural log, scale included) to ~6e-5, short of the fp32
+    rule the op holds a returned lse to: only for calls whose lse feeds the backward alone."""
+    B, Lq, Lk, causal = shape
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        _bhld(q, B, Lq), _bhld(k, B, Lk), _bhld(v, B, Lk), 0.0, causal, attn_mask=None, scale=scale)
+    Hq, D = q.shape[1], q.shape[2]
+    return o.transpose(1, 2).reshape(B * Lq, Hq, D), lse.transpose(0, 1).reshape(Hq, B * Lq)
+
+
+def attention_backward(dout, q, k, v, out, lse, shape, scale):
+    """(dq, dk, dv) by CPU SDPA's flash backward, packed (T, H, D) like the kernel's."""
+    B, Lq, Lk, causal = shape
+    lse4 = lse.view(lse.shape[0], B, Lq).transpose(0, 1).contiguous()
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        _bhld(dout, B, Lq), _bhld(q, B, Lq), _bhld(k, B, Lk), _bhld(v, B, Lk), _bhld(out, B, Lq), lse4, 0.0,
+        causal, attn_mask=None, scale=scale)
+    return tuple(g.transpose(1, 2).reshape(B * L, g.shape[1], g.shape[3])
+                 for g, L in ((dq, Lq), (dk, Lk), (dv, Lk)))
 
 
 # ---------------------------------------------------------------- calibration

@@ -14,7 +14,9 @@ a loss contributes no gradient.
 
 The public layer packs every call into the varlen form ((B*S, H, D) + cu_seqlens [0, S, 2S, ...])
 before a kernel module sees it: see ``attn_interface`` in the kernel modules (``ref.py``, ``cpu.py``,
-``triton.py``, ``opencl.py``).  Accumulation is fp32 for every input dtype; the CPU kernel is a tiled
+``triton.py``, ``opencl.py``).  A module's ``forward`` also takes ``exact_lse``: False when the caller
+did not ask for lse, so only the backward will read it; a module may then return an lse held to
+the backward's needs rather than the fp32 rule (the cpu backend's SDPA route: within ~1e-4).  Accumulation is fp32 for every input dtype; the CPU kernel is a tiled
 online-softmax (FlashAttention-2) forward and a recompute-from-lse backward (attention_fwd.c,
 attention_bwd.c, attn_tiles.c; see cpu.py).  The opencl backend has the forward only (a work-group per
 (block of query rows, head) with K/V tiles in local memory: attention.cl; a gradient request
@@ -132,11 +134,12 @@ def _scale(q, scale):
 
 def _attention_impl(q: Tensor, k: Tensor, v: Tensor, cu_q: Optional[Tensor], cu_k: Optional[Tensor],
                max_q: Optional[int], max_k: Optional[int], scale: Optional[float], window_left: int,
-               window_right: int, softcap: float, backend: str) -> tuple[Tensor, Tensor]:
+               window_right: int, softcap: float, backend: str, exact_lse: bool = True) -> tuple[Tensor, Tensor]:
     _check(q, k, v, cu_q, cu_k, scale, softcap, values=True)
     mod = select(SPEC, q.device, q.dtype, backend)
     qp, kp, vp, cq, ck, mq, mk = _prepare(q, k, v, cu_q, cu_k, max_q, max_k)
-    out, lse = mod.forward(qp, kp, vp, cq, ck, mq, mk, _scale(q, scale), window_left, window_right, softcap)
+    out, lse = mod.forward(qp, kp, vp, cq, ck, mq, mk, _scale(q, scale), window_left, window_right, softcap,
+                           exact_lse)
     if cu_q is None:  # (H, B*S) -> (B, H, S)
         lse = lse.view(q.shape[2], q.shape[0], q.shape[1]).transpose(0, 1).contiguous()
     return shaped(out, q.shape), lse
@@ -150,7 +153,7 @@ _attention = torch.library.custom_op("tessera::attention", mutates_args=())(_att
 
 
 @_attention.register_fake
-def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, backend):
+def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, backend, exact_lse=True):
     _check(q, k, v, cu_q, cu_k, scale, softcap)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_q is not None), dtype=torch.float32)
 
@@ -175,7 +178,7 @@ def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_left, win
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, softcap, backend = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, softcap, backend, _exact_lse = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.args = (max_q, max_k, scale, wl, wr, softcap, backend)
@@ -187,7 +190,7 @@ def _backward(ctx, dout, _dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup)
@@ -226,9 +229,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     wl, wr = window_bounds(causal, window)
     run = direct(_attention, _attention_impl,
                  q, k, v, cu_seqlens_q, cu_seqlens_k)
+    # exact_lse: the caller sees lse only with return_lse; otherwise only the backward reads it,
+    # and a backend may return one accurate enough for that alone (the cpu backend's SDPA route)
     out, lse = run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    None if scale is None else float(scale), wl, wr, float(softcap),
-                   _checks.backend_arg(OP, backend))
+                   _checks.backend_arg(OP, backend), return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..._library import contiguous, new_output
-from ... import _jit
+from ... import _jit, dispatch
 from ...backends import cpu
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -51,9 +51,24 @@ def _threads(Tq, Tk, Hq, D):
     return cpu.threads_for(max(Tq, Tk) * Hq * D * 8)
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
+def _vendor_shape(op, q, k, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap):
+    """SDPA's (B, Lq, Lk, causal) when the auto rule (or TESSERA_DISPATCH=vendor) sends this call
+    to it, else None; a call SDPA cannot express (varlen, window, softcap) always runs the kernel."""
+    if q.dtype != torch.bfloat16 or (q.shape[0] < dispatch.MIN_M and dispatch.mode() == "auto"):
+        return None    # (fp32 / fp16 not measured against SDPA; decode never goes to the vendor)
+    shape = dispatch.attention_shape(q, k, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap)
+    if shape is None or not dispatch.use_vendor(op, q.dtype, shape[1], q.shape[1], q.shape[2]):
+        return None
+    return shape
+
+
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, exact_lse=True):
     Tq, Hq, D = q.shape
     Tk, Hk = k.shape[0], k.shape[1]
+    if not exact_lse:   # SDPA's lse serves the backward, not the fp32 rule of a returned one
+        shape = _vendor_shape("attention", q, k, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap)
+        if shape is not None:
+            return dispatch.attention(q, k, v, shape, scale)
     out = new_output((Tq, Hq, D), q.dtype, q.device)
     lse = new_output((Hq, Tq), torch.float32, q.device)
     B = cu_q.shape[0] - 1
@@ -70,6 +85,9 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right,
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
     Tq, Hq, D = q.shape
     Tk, Hk = k.shape[0], k.shape[1]
+    shape = _vendor_shape("attention_bwd", q, k, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap)
+    if shape is not None:
+        return dispatch.attention_backward(dout, q, k, v, out, lse, shape, scale)
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)

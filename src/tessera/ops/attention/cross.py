@@ -12,7 +12,7 @@ from .cpu import BWD_MODE, DTYPES, FWD_BLOCK_M  # noqa: F401
 import torch
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, exact_lse=True):
     Tq, Hq, D = q.shape
     Hk = k.shape[1]
     out = new_output((Tq, Hq, D), q.dtype, q.device)

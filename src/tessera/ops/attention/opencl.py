@@ -63,7 +63,7 @@ def _blocks(cu_q: torch.Tensor, L: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.stack([seq[order], row[order]], 1), dtype=np.int32))
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, exact_lse=True):
     Tq, Hq, D = q.shape
     Hk = k.shape[1]
     out = new_output((Tq, Hq, D), q.dtype, q.device)

@@ -169,7 +169,7 @@ def _seqs(cu_q, cu_k):
     return [(bq[b], bq[b + 1], bk[b], bk[b + 1]) for b in range(len(bq) - 1)]
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, exact_lse=True):
     Tq, Hq, D = q.shape
     out = torch.zeros(Tq, Hq, D, dtype=torch.float64, device=q.device)
     lse = torch.full((Hq, Tq), -math.inf, dtype=torch.float64, device=q.device)

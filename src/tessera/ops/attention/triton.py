@@ -211,7 +211,7 @@ def _check_dim(D: int) -> None:
                          f"supported maximum {MAX_HEAD_DIM}")
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap):
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left, window_right, softcap, exact_lse=True):
     Tq, Hq, D = q.shape
     Hk = k.shape[1]
     _check_dim(D)
