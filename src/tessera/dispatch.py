@@ -1,7 +1,7 @@
 """Kernel-or-vendor dispatch of the cpu backend's quantized linears and conv2d (issue #17 item 4).
 
-Each cpu launch of ``linear_w4a16``, ``linear_w4a8``, ``linear_w8a8``, ``linear_a16w8`` and
-``conv2d`` chooses between tessera's own kernel and the *vendor route*, the same result computed
+Each cpu launch of ``linear_w4a16``, ``linear_w4a8``, ``linear_w8a8``, ``linear_a16w8``,
+``conv2d`` and bf16 ``attention`` chooses between tessera's own kernel and the *vendor route*, the same result computed
 by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch runs on a GPU):
 
 * ``linear_w4a16``: the weight dequantized with the op's own ``dequantize_weight`` to x.dtype,
@@ -18,6 +18,11 @@ by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch runs on a
   dz = dy * act'(z), z recomputed in fp32 as the kernels do (silu / gelu: the op masks dy for
   relu / relu6 itself and passes no activation; keys ``conv2d_bwd`` and ``conv2d_dw_bwd``,
   chosen by the same rule as the forward).
+* ``attention`` (bf16): CPU SDPA's flash kernel (``_scaled_dot_product_flash_attention_for_cpu``
+  and its backward) for the calls it computes exactly as the op defines them
+  (``attention_shape``); the forward only when the caller did not ask for lse (its lse is ~6e-5
+  off, short of the fp32 rule of a returned lse).  Keys ``attention`` and ``attention_bwd``, with
+  M = the sequence length.
 
 The integer recipes keep the integer contract on both routes: the quantized activations and the
 integer accumulators are bit-identical, only the float epilogue may round differently (within the
