@@ -1,8 +1,9 @@
-"""Kernel-or-vendor dispatch of the cpu backend's quantized linears and conv2d (issue #17 item 4).
+"""Kernel-or-vendor dispatch of the cpu backend's quantized linears, conv2d and attention (issue #17 item 4).
 
 Each cpu launch of ``linear_w4a16``, ``linear_w4a8``, ``linear_w8a8``, ``linear_a16w8``,
-``conv2d`` and bf16 ``attention`` chooses between tessera's own kernel and the *vendor route*, the same result computed
-by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch runs on a GPU):
+``conv2d`` and bf16 ``attention`` chooses between tessera's own kernel and the *vendor route*,
+the same result computed by torch's library calls (oneDNN on this CPU; cuBLAS/cuDNN where torch
+runs on a GPU):
 
 * ``linear_w4a16``: the weight dequantized with the op's own ``dequantize_weight`` to x.dtype,
   once per weight tensor (cached, see below), then ``F.linear``; bias and activation in fp32.
