@@ -374,3 +374,12 @@ def test_attention_auto_sends_bf16_prefill_to_sdpa_only_without_lse(monkeypatch)
     out2, lse = tessera.attention(q, k, v, causal=True, return_lse=True, backend="cpu")
     assert dispatch.counts.get(("attention", "vendor"), 0) == before.get(("attention", "vendor"), 0) + 1
     torch.testing.assert_close(out.float(), out2.float(), rtol=2e-2, atol=2e-2)
+    # training at 48 tokens: SDPA's forward, the kernel's backward on SDPA's lse (backward from 1024)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dy = torch.randn(out.shape, generator=g).to(torch.bfloat16)
+    got = torch.autograd.grad(tessera.attention(*leaves, causal=True, backend="cpu"), leaves, dy)
+    assert dispatch.counts.get(("attention_bwd", "kernel"), 0) > before.get(("attention_bwd", "kernel"), 0)
+    with dispatch.forced("kernel"):
+        want = torch.autograd.grad(tessera.attention(*leaves, causal=True, backend="cpu"), leaves, dy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

@@ -16,9 +16,10 @@ The public layer packs every call into the varlen form ((B*S, H, D) + cu_seqlens
 before a kernel module sees it: see ``attn_interface`` in the kernel modules (``ref.py``, ``cpu.py``,
 ``triton.py``, ``opencl.py``).  A module's ``forward`` also takes ``exact_lse``: False when the caller
 did not ask for lse, so only the backward will read it; a module may then return an lse held to
-the backward's needs rather than the fp32 rule (the cpu backend's SDPA route: within ~1e-4).  Accumulation is fp32 for every input dtype; the CPU kernel is a tiled
-online-softmax (FlashAttention-2) forward and a recompute-from-lse backward (attention_fwd.c,
-attention_bwd.c, attn_tiles.c; see cpu.py).  The opencl backend has the forward only (a work-group per
+the backward's needs rather than the fp32 rule (the cpu backend's SDPA route: within ~1e-4).
+Accumulation is fp32 for every input dtype; the CPU kernel is a tiled online-softmax
+(FlashAttention-2) forward and a recompute-from-lse backward (attention_fwd.c, attention_bwd.c,
+attn_tiles.c; see cpu.py).  The opencl backend has the forward only (a work-group per
 (block of query rows, head) with K/V tiles in local memory: attention.cl; a gradient request
 raises BackendError there).
 
