@@ -18,7 +18,8 @@ Backward (dx, dweight, dbias): dz = dy * act'(z).  relu / relu6 read that mask f
 saved output y (as eager's relu does; for fp16/bf16 y, from the rounded value); silu / gelu
 recompute z in fp32 with the forward kernel (only x is kept for them).  dx is the forward
 kernel run on dz (zero-inserted for strides, padded by d*(k-1) - pad) with the weight
-flipped and transposed per group; dweight correlates x with dz; dbias sums dz.  dweight/dbias accumulate in fp32 and are cast to weight's dtype.
+flipped and transposed per group; dweight correlates x with dz; dbias sums dz.  dweight/dbias
+accumulate in fp32 and are cast to weight's dtype.
 
 Roofline: forward reads x and weight and writes y; FLOPs 2 * N*OH*OW * Cout * Cin/g * KH*KW.
 Depthwise convs are memory-bound, dense ones compute-bound (fp32 FMA peak).
