@@ -103,8 +103,10 @@ def as_fp32_param(t: torch.Tensor | None) -> torch.Tensor | None:
     """Per-feature parameters (weight/bias) are small: kernels take them as contiguous fp32."""
     if t is None:
         return None
-    if _PLACE[0] is None or (t.dtype == torch.float32 and t.is_contiguous()):
-        return t.to(torch.float32).contiguous()  # no copy at all when already fp32 and contiguous
+    if t.dtype == torch.float32 and t.is_contiguous():
+        return t                                   # the common case, on every launch: no call at all
+    if _PLACE[0] is None:
+        return t.to(torch.float32).contiguous()
     return _placed_copy(t, torch.float32)
 
 

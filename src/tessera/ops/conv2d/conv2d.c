@@ -730,8 +730,7 @@ int tsr_conv2d_wgrad_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t
             if (db) dw_dot_row(ones, 0, dr, C, OW, acc + taps * C);  /* bias: dz times 1 */
         }
     }
-    for (int64_t t = 0; t <= taps; t++) {
-        if (t == taps && !db) break;
+    for (int64_t t = 0; t < (db ? taps + 1 : taps); t++) {  /* row taps: the bias partials */
         for (int64_t c = 0; c < C; c++) {
             float v = 0.f;
             for (int th = 0; th < T; th++) v += part[(size_t)th * (size_t)stride + t * C + c];

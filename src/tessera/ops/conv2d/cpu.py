@@ -95,16 +95,13 @@ def _packed_weight(weight, groups, transpose=False):
                                lambda: _pack_weight(weight, groups, transpose))
 
 
-def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0),
-          work=None):
+def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0)):
     """Run the forward kernel on the packed input xp [N, Hp, Wp, C] into out (N, G*M, OH, OW);
-    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp; ``work``
-    (optional, from the caller's plan): the thread heuristic's size."""
+    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp."""
     N, Hp, Wp, C = xp.shape
     OH, OW = out.shape[2], out.shape[3]
-    b = None if bias is None else bias if bias.dtype == torch.float32 and bias.is_contiguous() \
-        else as_fp32_param(bias)
-    th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16 if work is None else work)
+    b = as_fp32_param(bias)
+    th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16)
     if dw_kernel:
         f = cpu.declare(_lib(), "tsr_conv2d_fwd_dw", "pllllpppillllllllllllllii")
         rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
@@ -127,7 +124,7 @@ def _out_hw(x, weight, stride, pads, dilation):
 class _Plan:
     """What a forward call's signature decides, derived once per signature (``_plan``): at small
     layers the Python glue (shapes, layouts, the packing decision) cost as much as the kernel."""
-    __slots__ = ("N", "cout", "cing", "KH", "KW", "OH", "OW", "dwk", "cl", "nchw", "sub", "view", "work", "key")
+    __slots__ = ("N", "cout", "cing", "KH", "KW", "OH", "OW", "dwk", "cl", "nchw", "sub", "view", "key")
 
     def __init__(self, x, weight, stride, pads, dilation, groups):
         self.N = x.shape[0]
@@ -145,7 +142,6 @@ class _Plan:
         # the depthwise kernel pads virtually, so an fp32 channels-last x is read in place
         self.view = (self.dwk or not any(pads)) and x.dtype == torch.float32 and _channels_last(x) and \
             x.permute(0, 2, 3, 1).is_contiguous()
-        self.work = self.N * self.OH * self.OW * self.cout * max(1, self.cing) * self.KH * self.KW // 16
 
 
 _PLANS: dict = {}
@@ -176,14 +172,11 @@ def forward(x, weight, bias, stride, pads, dilation, groups, activation):
         return out
     if p.sub:
         x, stride = x[:, :, ::stride[0], ::stride[1]], (1, 1)
-    if p.view:
-        xp = x.permute(0, 2, 3, 1)
-    else:
-        xp = _pack(x, x.shape[2] + pads[0] + pads[1], x.shape[3] + pads[2] + pads[3], pads[0], pads[2]) \
-            if not p.dwk else _pack(x, x.shape[2], x.shape[3], 0, 0)
+    # the depthwise kernel pads virtually: its x is the unpadded one
+    xp = x.permute(0, 2, 3, 1) if p.view else _padded_input(x, (0, 0, 0, 0) if p.dwk else pads)
     wp, cop = _packed_weight(weight, groups)
     _conv(xp, wp, cop, bias, out, groups, p.dwk, p.cing, cout // groups, p.KH, p.KW, stride, dilation,
-          ACT_CODE[activation], (pads[0], pads[2]) if p.dwk else (0, 0), p.work)
+          ACT_CODE[activation], (pads[0], pads[2]) if p.dwk else (0, 0))
     return out
 
 
