@@ -230,3 +230,28 @@ def test_relu_output_modified_in_place_is_an_autograd_error():
     y.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["kernel", "vendor"])
+@pytest.mark.parametrize("dw", [False, True], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_backward_op_with_a_relu_activation(act, dw, mode, monkeypatch):
+    """``tessera::conv2d_backward`` called with relu / relu6 itself (autograd masks dy first and
+    passes None, so only a direct call reaches these paths): the native pack's mask product and
+    the vendor route's threshold / hardtanh backward, against float64 autograd, kinks included."""
+    monkeypatch.setenv("TESSERA_DISPATCH", mode)
+    g = torch.Generator().manual_seed(7)
+    c = 16 if dw else 3
+    groups = c if dw else 1
+    x = torch.randint(-2, 3, (2, c, 7, 9), generator=g).float().contiguous(memory_format=torch.channels_last)
+    w = torch.randint(-1, 2, (c, 1 if dw else c, 3, 3), generator=g).float()
+    b = torch.randint(0, 7, (c,), generator=g).float()
+    dy = torch.randn(2, c, 7, 9, generator=g).contiguous(memory_format=torch.channels_last)
+    dx, dwt, db = torch.ops.tessera.conv2d_backward(dy, x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], groups, act, True,
+                                                    "cpu")
+    xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
+    z = F.conv2d(xr, wr, br, padding=1, groups=groups)
+    assert (z == 0).any() and (act == "relu" or (z == 6).any())   # kinks are hit
+    want = torch.autograd.grad((F.relu if act == "relu" else F.relu6)(z), (xr, wr, br), dy.double())
+    for got, e in zip((dx, dwt, db), want):
+        torch.testing.assert_close(got.double(), e, rtol=1e-5, atol=1e-4)
