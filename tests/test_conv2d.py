@@ -58,6 +58,7 @@ def test_fuzz_conv2d_vs_reference(backend, dtype):
     check()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("backend", NATIVE)
 @pytest.mark.parametrize("xs,k,layout,conv", [
     ((1, 133, 3, 5), 3, "cl", dict(padding=1)),     # 8 channel blocks + a 5-channel tail on 3 rows: channel chunks
@@ -73,15 +74,41 @@ def test_fuzz_conv2d_vs_reference(backend, dtype):
     ((1, 48, 5, 37), 3, "cl", dict(padding=1, stride=2)),  # stride-2 window: interior run and edges
     ((1, 16, 4, 16), 3, "nchw", dict(padding=(1, 0), stride=2)),  # stride 2, no column padding
 ])
-def test_depthwise_tiles_and_chunks(backend, xs, k, layout, conv, monkeypatch):
+def test_depthwise_tiles_and_chunks(backend, xs, k, layout, conv, dtype, monkeypatch):
     """The depthwise kernel's paths (runs of interior tiles, 3x3 stride-1 edge tiles with zero window
     columns, other border tiles through the zero-row pointer table, the large-kernel fallback,
-    channel chunks for short images with many channels) vs float64."""
+    channel chunks for short images with many channels) vs float64, in every dtype: a bf16 / fp16
+    channels-last x is read in place by the per-dtype instantiations of those paths."""
     monkeypatch.setenv("TESSERA_DISPATCH", "kernel")
     c = xs[1]
     case = _build(f"dw-{xs}-k{k}", xs, (c, 1, k, k), layout=layout, groups=c, activation="relu6", **conv)
-    r = run_case(SPEC, backend, torch.float32, case)
+    r = run_case(SPEC, backend, dtype, case)
     assert r.ok, r.why
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("act", [None, "relu6"])
+def test_depthwise_half_output_is_the_fp32_sum_rounded_once(dtype, act, monkeypatch):
+    """A half-precision channels-last depthwise conv is read in place and stored from registers
+    (bf16: the AVX512_BF16 convert where the CPU has it, integer RNE on a vector holding a denormal).
+    Its output must be, bit for bit, the fp32 kernel's output on the same (exactly widened) values
+    rounded once: denormal sums, NaN and inf included."""
+    if not NATIVE:
+        pytest.skip("no native cpu backend")
+    monkeypatch.setenv("TESSERA_DISPATCH", "kernel")
+    g = torch.Generator().manual_seed(5)
+    c = 48
+    x = torch.randn(2, c, 9, 21, generator=g)
+    x[0] *= 3e-39 if dtype == torch.bfloat16 else 3e-6          # sums in the target's denormal range
+    x[1, 3, 4, 7], x[1, 5, 2, 2] = float("nan"), float("inf")
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(c, 1, 3, 3, generator=g).to(dtype)
+    y = tessera.conv2d(x, w, padding=1, groups=c, activation=act, backend="cpu")
+    y32 = tessera.conv2d(x.float(), w.float(), padding=1, groups=c, activation=act, backend="cpu")
+    tiny = torch.finfo(dtype).tiny
+    assert ((y32.abs() < tiny) & (y32 != 0)).sum() > 100                # the denormal path ran
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, y32.to(dtype), rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + NATIVE)

@@ -74,7 +74,8 @@ AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
   in bf16 (oneDNN's bf16 conv ~2x the fp32-accumulating kernel); depthwise fp32: the kernel (its
   sliding-window tiles run 1.2-1.6x ``F.conv2d`` + activation at every measured size on the Intel
   Sapphire Rapids VM, 2026-12-05; the AMD figure, vendor from 3136 pixels, predates that kernel);
-  depthwise bf16: from 1568 pixels (the kernel widens x to fp32 first); fp16: the kernel
+  depthwise bf16: from 1568 pixels (measured when the kernel still widened x to fp32 in a pass of
+  its own, which cost it 2-3x; now it widens as it loads, but this CPU was not remeasured); fp16: the kernel
   (``F.conv2d`` in fp16 is several times slower on the AMD VM; on Sapphire Rapids, with
   AVX512-FP16, a calibration file moves large fp16 calls to oneDNN).
   The ``CONV_NK_MIN`` floor keeps few-channel stems (a 3-channel 7x7 conv: the kernel is ~1.8x
@@ -92,8 +93,8 @@ AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
   (64 channels at 28 x 28) is the kernel's best case (fp32 forward level to 3136 pixels), but the
   measured ResNet-18 layers at 256 and 512 channels run 1.5-3.2x faster on oneDNN in fp32 and
   2-10x in bf16 (AMX); the kernel keeps only few-channel layers below ``CONV_NK_MIN``;
-* depthwise bf16 / fp16 forward: vendor from 3136 pixels; depthwise backward fp32 / bf16: vendor
-  from 3136 (the kernel is ahead on small maps: 960 channels at 7 x 7, 1.8x).
+* depthwise forward, every dtype: the kernel (bf16 / fp16 since it reads a half-precision x in
+  place, 2026-12-06); depthwise backward: the kernel (2026-12-06).
 
 Dequantized-weight cache: the int4 routes keep one dequantized copy per weight tensor (like
 conv2d's packed weights: valid while the tensor lives and its version counter, address and
@@ -170,7 +171,10 @@ DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     # 1x1 convs (GEMMs over channels): in fp32 the kernel wins the small-M ones (960->160 at 7x7
     # 0.56x oneDNN's time, 64->384 at 14x14 0.82x) and oneDNN from M = 784 (1.4-2.8x); AMX bf16 wins all
     "conv2d_1x1:float32": 784, "conv2d_1x1:bfloat16": 16, "conv2d_1x1:float16": None,
-    "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 3136, "conv2d_dw:float16": 3136,
+    # depthwise forward, remeasured 2026-12-06 once the kernel read a bf16 / fp16 channels-last x in
+    # place: the kernel takes 0.44-0.86x oneDNN's time (F.conv2d + relu6) at every MobileNetV2 layer,
+    # batch 1 and 8, both dtypes (benchmarks/results/2026-12-06b-cpu-conv2d-dw-half/)
+    "conv2d_dw:float32": None, "conv2d_dw:bfloat16": None, "conv2d_dw:float16": None,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": 16, "conv2d_bwd:float16": None,
     # depthwise backward, remeasured 2026-12-06 after the row-parallel weight gradient and the
     # in-place (virtually padded) reads of x and dz: the kernel takes 0.35-0.84x oneDNN's time on

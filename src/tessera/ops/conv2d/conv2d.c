@@ -3,7 +3,8 @@
  * Every kernel works on fp32 NHWC buffers made by tsr_conv2d_pack (which widens
  * fp32/fp16/bf16 inputs of any strides, zero-pads, and for the input gradient also
  * zero-inserts between rows/columns for strides), so the hot loops have no bounds or
- * dtype branches:
+ * dtype branches; the depthwise forward also reads a bf16 / fp16 NHWC x in place (its
+ * loops are instantiated per x dtype, and it pads virtually):
  *
  *   tsr_conv2d_fwd     dense / grouped conv as an implicit GEMM: a tile of P output
  *                      pixels x 16*NV output channels is held in registers and
@@ -270,8 +271,10 @@ int tsr_conv2d_fwd(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C
 }
 
 /* ------------------------------------------------------------------ depthwise forward */
-/* x: fp32 NHWC [N][H][W][C], unpadded; the zero padding (pt, pl; bottom/right implied by OH/OW)
- * is virtual.  Channels in blocks of 16 (one vector); a tile of 8 output pixels of a row stays
+/* x: NHWC [N][H][W][C] in fp32, bf16 or fp16 (xdtype), unpadded; the zero padding (pt, pl;
+ * bottom/right implied by OH/OW) is virtual.  A bf16 / fp16 x is widened in registers as it is
+ * loaded (exact), so a half-precision channels-last x is read in place: no fp32 copy of it is
+ * made (that packing pass cost 3x the kernel).  Sums are fp32, rounded once at the store.  Channels in blocks of 16 (one vector); a tile of 8 output pixels of a row stays
  * in registers and shares each tap's weight vector.  Tiles whose taps all lie inside x take the
  * branch-free path (3x3 stride 1: a sliding window, 10 input vectors serve 24 FMAs); the border
  * tiles (first and last of a row, any row whose window leaves x, and rows narrower than a tile)
@@ -292,41 +295,67 @@ typedef struct {
     int64_t kstep, ps;   /* next tap column's input offset (dw*C), next output pixel's (sw*C) */
     int64_t c0, c1;      /* channels c0 .. c1 (multiples of 16) */
     void *out; int64_t ow_s, oc; int act, dtype;
+    int st;              /* the fast stores' kind (dw_st): dtype, or TSR_BF16HW */
 } dw_row;
 
-/* stores of anything but fp32 channels-last none/relu/relu6, and of partial tiles (np < 8) */
+/* stores of anything but channels-last none/relu/relu6, and of partial tiles (np < 8) */
 static __attribute__((noinline)) void dw_store_any(const cv16 *a, int64_t np, const dw_row *r, int64_t base) {
     for (int64_t p = 0; p < np; p++) store_vec(a[p], r->act, r->out, base + p * r->ow_s, r->oc, r->dtype);
 }
 
-/* the 8 finished sums of a tile (channels c0 .. c0 + 15 at output offset base): fp32
- * channels-last outputs with none / relu / relu6 are stored straight from registers */
+/* one finished vector of a channels-last output: fp32 as is, bf16 / fp16 rounded to nearest even.
+ * st is the store kind: an fp dtype, or TSR_BF16HW (bf16 on a CPU with AVX512_BF16): one
+ * VCVTNEPS2BF16 instead of the ~8 integer ops of the RNE sequence (1.5x on a bf16 layer); that
+ * instruction flushes denormal inputs, so a vector holding one takes the integer path. */
+static inline void dw_st(void *out, int64_t i, cv16 v, int st) {
+    if (st == TSR_F32) {
+        *(cv16u *)((float *)out + i) = v;
+        return;
+    }
+#if TSR_HAVE_BF16HW
+    if (st == TSR_BF16HW && __builtin_expect(!_mm512_fpclass_ps_mask((__m512)v, 0x20), 1)) {
+        __m256i h;
+        __asm__("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(v));
+        memcpy((uint16_t *)out + i, &h, 32);
+        return;
+    }
+#endif
+    const tsr_v16h h = tsr_v16_to_half(v, st);
+    memcpy((uint16_t *)out + i, &h, 32);
+}
+
+/* the 8 finished sums of a tile (channels c0 .. c0 + 15 at output offset base): channels-last
+ * outputs with none / relu / relu6 are stored straight from registers */
 #define DW_STORE8(fast, np, r, base, a0, a1, a2, a3, a4, a5, a6, a7) do {                          \
         if (fast) {                                                                            \
-            float *o_ = (float *)(r)->out + (base);                                            \
-            const int64_t s_ = (r)->ow_s; const int act_ = (r)->act;                           \
-            *(cv16u *)o_ = clamp_vec(a0, act_); *(cv16u *)(o_ + s_) = clamp_vec(a1, act_);       \
-            *(cv16u *)(o_ + 2 * s_) = clamp_vec(a2, act_); *(cv16u *)(o_ + 3 * s_) = clamp_vec(a3, act_); \
-            *(cv16u *)(o_ + 4 * s_) = clamp_vec(a4, act_); *(cv16u *)(o_ + 5 * s_) = clamp_vec(a5, act_); \
-            *(cv16u *)(o_ + 6 * s_) = clamp_vec(a6, act_); *(cv16u *)(o_ + 7 * s_) = clamp_vec(a7, act_); \
+            const int64_t s_ = (r)->ow_s, b_ = (base); const int act_ = (r)->act, d_ = (r)->st;     \
+            void *o_ = (r)->out;                                                               \
+            dw_st(o_, b_, clamp_vec(a0, act_), d_); dw_st(o_, b_ + s_, clamp_vec(a1, act_), d_);  \
+            dw_st(o_, b_ + 2 * s_, clamp_vec(a2, act_), d_); dw_st(o_, b_ + 3 * s_, clamp_vec(a3, act_), d_); \
+            dw_st(o_, b_ + 4 * s_, clamp_vec(a4, act_), d_); dw_st(o_, b_ + 5 * s_, clamp_vec(a5, act_), d_); \
+            dw_st(o_, b_ + 6 * s_, clamp_vec(a6, act_), d_); dw_st(o_, b_ + 7 * s_, clamp_vec(a7, act_), d_); \
         } else {                                                                               \
             const cv16 t_[DW_P] = {a0, a1, a2, a3, a4, a5, a6, a7};                            \
             dw_store_any(t_, np, r, base);                                                     \
         }                                                                                      \
     } while (0)
-#define DW_FAST(r) ((r)->oc == 1 && (r)->dtype == TSR_F32 && (r)->act <= ACT_RELU6)
+#define DW_FAST(r) ((r)->oc == 1 && (r)->act <= ACT_RELU6)
 
 /* The tile loops below are kept out of line on purpose, and each runs a whole row's tiles:
  * inlined into the OpenMP loop (about 30 live loop variables) gcc 12 spilled the window's
  * input vectors and the tap offsets to the stack (0.6x F.conv2d), and one call per tile cost
  * as much as its FMAs; as leaf functions each gets the whole register file. */
 #define DW_LD(p) (*(const cv16u *)(p))
+/* x is addressed in bytes (const char *) so one body serves every x dtype XD (a compile-time
+ * constant in each instantiation): XE is its element size, DW_X(p, i) element i's address */
+#define DW_X(p, i) ((p) + (i) * XE)
+#define DW_XLD(p) ((cv16)tsr_v16_load((p), XD))
 /* a load kept in a register: the empty asm stops gcc from folding it into each of the three
  * FMAs that use it (it did, loading every input vector 3 times: 27 loads per 24 FMAs) */
 #if defined(__AVX512F__)
-#define DW_LDR(p) ({ cv16 v_ = DW_LD(p); __asm__("" : "+v"(v_)); v_; })
+#define DW_LDR(p) ({ cv16 v_ = DW_XLD(p); __asm__("" : "+v"(v_)); v_; })
 #else  /* a cv16 spans 2 ymm (AVX2) or 4 xmm: no single register to pin it in */
-#define DW_LDR(p) DW_LD(p)
+#define DW_LDR(p) DW_XLD(p)
 #endif
 #define DW_ACC_INIT(a, c) cv16 a##0, a##1, a##2, a##3, a##4, a##5, a##6, a##7;                     \
     a##0 = bias ? DW_LD(bias + (c)) : (cv16){0};                                               \
@@ -375,22 +404,24 @@ static __attribute__((noinline)) void dw_store_any(const cv16 *a, int64_t np, co
  * first tap (row ih0 + kh0, column iw0), base its output offset.  Channel blocks go in
  * pairs: 16 accumulators keep twice the independent FMA chains in flight (with 8, the chains
  * of 9 dependent 4-cycle FMAs left the two FMA ports idle half the time). */
-__attribute__((always_inline)) static inline void dw_run_k3(const float *x, int64_t base, int64_t ntiles,
-                                                            const dw_row *r, const int S) {
+__attribute__((always_inline)) static inline void dw_run_k3(const char *x, int64_t base, int64_t ntiles,
+                                                            const dw_row *r, const int S, const int XD) {
+    const int64_t XE = tsr_elsize(XD);
     const int64_t C = r->C, xrow = r->xrow, nkh = r->nkh, c1 = r->c1, ow_s = r->ow_s, oc = r->oc;
     const float *bias = r->bias, *wk = r->wk;
     const int fast = DW_FAST(r);
-    for (int64_t t = 0; t < ntiles; t++, x += DW_P * S * C, base += DW_P * ow_s) {
+    for (int64_t t = 0; t < ntiles; t++, x += DW_P * S * C * XE, base += DW_P * ow_s) {
         int64_t c0 = r->c0;
         for (; c0 + 32 <= c1; c0 += 32) {
             DW_ACC_INIT(a, c0);
             DW_ACC_INIT(b, c0 + 16);
-            const float *xr = x + c0, *wr = wk + c0;
-            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += 3 * C) {
+            const char *xr = DW_X(x, c0);
+            const float *wr = wk + c0;
+            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow * XE, wr += 3 * C) {
                 const cv16 w0 = DW_LD(wr), w1 = DW_LD(wr + C), w2 = DW_LD(wr + 2 * C);
                 const cv16 u0 = DW_LD(wr + 16), u1 = DW_LD(wr + C + 16), u2 = DW_LD(wr + 2 * C + 16);
-#define DW_LA(j) DW_LDR(xr + (j) * C)
-#define DW_LB(j) DW_LDR(xr + (j) * C + 16)
+#define DW_LA(j) DW_LDR(DW_X(xr, (j) * C))
+#define DW_LB(j) DW_LDR(DW_X(xr, (j) * C + 16))
                 DW_WIN(S, DW_LA, w0, w1, w2, a);
                 DW_WIN(S, DW_LB, u0, u1, u2, b);
             }
@@ -399,8 +430,9 @@ __attribute__((always_inline)) static inline void dw_run_k3(const float *x, int6
         }
         if (c0 < c1) {
             DW_ACC_INIT(a, c0);
-            const float *xr = x + c0, *wr = wk + c0;
-            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += 3 * C) {
+            const char *xr = DW_X(x, c0);
+            const float *wr = wk + c0;
+            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow * XE, wr += 3 * C) {
                 const cv16 w0 = DW_LD(wr), w1 = DW_LD(wr + C), w2 = DW_LD(wr + 2 * C);
                 DW_WIN(S, DW_LA, w0, w1, w2, a);
             }
@@ -408,65 +440,56 @@ __attribute__((always_inline)) static inline void dw_run_k3(const float *x, int6
         }
     }
 }
-static __attribute__((noinline)) void dw_run_k3s1(const float *x, int64_t base, int64_t ntiles, const dw_row *r) {
-    dw_run_k3(x, base, ntiles, r, 1);
-}
-static __attribute__((noinline)) void dw_run_k3s2(const float *x, int64_t base, int64_t ntiles, const dw_row *r) {
-    dw_run_k3(x, base, ntiles, r, 2);
-}
 
 /* one border tile of a 3-wide stride-S row: the same window, where column j (input column
  * iw0 + j) is read only for jlo <= j < jhi and is zero outside x (no pointer table: its 72
  * entries cost more than the FMAs when C is one or two blocks).  x is the tile's (row
  * ih0 + kh0, column iw0) address, possibly outside x; np <= 8 pixels are stored. */
-#define DW_COL(j) ((j) >= jlo && (j) < jhi ? DW_LD(xr + (j) * C) : (cv16){0})
-__attribute__((always_inline)) static inline void dw_edge_k3(const float *x, int64_t jlo, int64_t jhi,
+#define DW_COL(j) ((j) >= jlo && (j) < jhi ? DW_XLD(DW_X(xr, (j) * C)) : (cv16){0})
+__attribute__((always_inline)) static inline void dw_edge_k3(const char *x, int64_t jlo, int64_t jhi,
                                                              int64_t base, int64_t np, const dw_row *r,
-                                                             const int S) {
+                                                             const int S, const int XD) {
+    const int64_t XE = tsr_elsize(XD);
     const int64_t C = r->C, xrow = r->xrow, nkh = r->nkh, c1 = r->c1, oc = r->oc;
     const float *bias = r->bias, *wk = r->wk;
     const int fast = np == DW_P && DW_FAST(r);
     for (int64_t c0 = r->c0; c0 < c1; c0 += 16) {
         DW_ACC_INIT(a, c0);
-        const float *xr = x + c0, *wr = wk + c0;
-        for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += 3 * C) {
+        const char *xr = DW_X(x, c0);
+        const float *wr = wk + c0;
+        for (int64_t kh = 0; kh < nkh; kh++, xr += xrow * XE, wr += 3 * C) {
             const cv16 w0 = DW_LD(wr), w1 = DW_LD(wr + C), w2 = DW_LD(wr + 2 * C);
             DW_WIN(S, DW_COL, w0, w1, w2, a);
         }
         DW_STORE8(fast, np, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
     }
 }
-static __attribute__((noinline)) void dw_edge_k3s1(const float *x, int64_t jlo, int64_t jhi, int64_t base,
-                                                   int64_t np, const dw_row *r) {
-    dw_edge_k3(x, jlo, jhi, base, np, r, 1);
-}
-static __attribute__((noinline)) void dw_edge_k3s2(const float *x, int64_t jlo, int64_t jhi, int64_t base,
-                                                   int64_t np, const dw_row *r) {
-    dw_edge_k3(x, jlo, jhi, base, np, r, 2);
-}
 
 /* ntiles interior tiles of any kernel width / stride / dilation */
-static __attribute__((noinline)) void dw_run_any(const float *x, int64_t base, int64_t ntiles, const dw_row *r) {
+__attribute__((always_inline)) static inline void dw_run_any(const char *x, int64_t base, int64_t ntiles,
+                                                             const dw_row *r, const int XD) {
+    const int64_t XE = tsr_elsize(XD);
     const int64_t C = r->C, xrow = r->xrow, nkh = r->nkh, KW = r->KW, kstep = r->kstep, ps = r->ps;
     const int64_t c1 = r->c1, ow_s = r->ow_s, oc = r->oc;
     const float *bias = r->bias, *wk = r->wk;
     const int fast = DW_FAST(r);
-    for (int64_t t = 0; t < ntiles; t++, x += DW_P * ps, base += DW_P * ow_s) {
+    for (int64_t t = 0; t < ntiles; t++, x += DW_P * ps * XE, base += DW_P * ow_s) {
         for (int64_t c0 = r->c0; c0 < c1; c0 += 16) {
             DW_ACC_INIT(a, c0);
-            const float *xr = x + c0, *wr = wk + c0;
-            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow, wr += KW * C) {
-                const float *q = xr;
-                for (int64_t kw = 0; kw < KW; kw++, q += kstep) {
+            const char *xr = DW_X(x, c0);
+            const float *wr = wk + c0;
+            for (int64_t kh = 0; kh < nkh; kh++, xr += xrow * XE, wr += KW * C) {
+                const char *q = xr;
+                for (int64_t kw = 0; kw < KW; kw++, q += kstep * XE) {
                     const cv16 wv = DW_LD(wr + kw * C);
-                    a0 += DW_LD(q) * wv;
-                    a1 += DW_LD(q + ps) * wv;
-                    a2 += DW_LD(q + 2 * ps) * wv;
-                    a3 += DW_LD(q + 3 * ps) * wv;
-                    a4 += DW_LD(q + 4 * ps) * wv;
-                    a5 += DW_LD(q + 5 * ps) * wv;
-                    a6 += DW_LD(q + 6 * ps) * wv;
-                    a7 += DW_LD(q + 7 * ps) * wv;
+                    a0 += DW_XLD(q) * wv;
+                    a1 += DW_XLD(DW_X(q, ps)) * wv;
+                    a2 += DW_XLD(DW_X(q, 2 * ps)) * wv;
+                    a3 += DW_XLD(DW_X(q, 3 * ps)) * wv;
+                    a4 += DW_XLD(DW_X(q, 4 * ps)) * wv;
+                    a5 += DW_XLD(DW_X(q, 5 * ps)) * wv;
+                    a6 += DW_XLD(DW_X(q, 6 * ps)) * wv;
+                    a7 += DW_XLD(DW_X(q, 7 * ps)) * wv;
                 }
             }
             DW_STORE8(fast, DW_P, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
@@ -476,8 +499,10 @@ static __attribute__((noinline)) void dw_run_any(const float *x, int64_t base, i
 
 /* one border tile: tp[t][p] is pixel p's input for tap t (the zero row where the tap lies
  * outside x); r->wk must point at tap (0, 0); np <= 8 pixels are stored */
-static __attribute__((noinline)) void dw_tile_table(const float *const (*tp)[DW_P], int64_t taps, int64_t base,
-                                                    int64_t np, const dw_row *r) {
+__attribute__((always_inline)) static inline void dw_tile_table(const char *const (*tp)[DW_P], int64_t taps,
+                                                                int64_t base, int64_t np, const dw_row *r,
+                                                                const int XD) {
+    const int64_t XE = tsr_elsize(XD);
     const int64_t C = r->C, c1 = r->c1, oc = r->oc;
     const float *bias = r->bias, *wp = r->wk;
     const int fast = np == DW_P && DW_FAST(r);
@@ -485,23 +510,61 @@ static __attribute__((noinline)) void dw_tile_table(const float *const (*tp)[DW_
         DW_ACC_INIT(a, c0);
         for (int64_t t = 0; t < taps; t++) {
             const cv16 wv = DW_LD(wp + t * C + c0);
-            a0 += DW_LD(tp[t][0] + c0) * wv;
-            a1 += DW_LD(tp[t][1] + c0) * wv;
-            a2 += DW_LD(tp[t][2] + c0) * wv;
-            a3 += DW_LD(tp[t][3] + c0) * wv;
-            a4 += DW_LD(tp[t][4] + c0) * wv;
-            a5 += DW_LD(tp[t][5] + c0) * wv;
-            a6 += DW_LD(tp[t][6] + c0) * wv;
-            a7 += DW_LD(tp[t][7] + c0) * wv;
+            a0 += DW_XLD(DW_X(tp[t][0], c0)) * wv;
+            a1 += DW_XLD(DW_X(tp[t][1], c0)) * wv;
+            a2 += DW_XLD(DW_X(tp[t][2], c0)) * wv;
+            a3 += DW_XLD(DW_X(tp[t][3], c0)) * wv;
+            a4 += DW_XLD(DW_X(tp[t][4], c0)) * wv;
+            a5 += DW_XLD(DW_X(tp[t][5], c0)) * wv;
+            a6 += DW_XLD(DW_X(tp[t][6], c0)) * wv;
+            a7 += DW_XLD(DW_X(tp[t][7], c0)) * wv;
         }
         DW_STORE8(fast, np, r, base + c0 * oc, a0, a1, a2, a3, a4, a5, a6, a7);
     }
 }
 
-int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C, const float *wp,
+/* the tile loops instantiated per stride and x dtype (see above: out of line on purpose) */
+typedef void (*dw_run_fn)(const char *, int64_t, int64_t, const dw_row *);
+typedef void (*dw_edge_fn)(const char *, int64_t, int64_t, int64_t, int64_t, const dw_row *);
+typedef void (*dw_table_fn)(const char *const (*)[DW_P], int64_t, int64_t, int64_t, const dw_row *);
+typedef struct { dw_run_fn k3s1, k3s2, any; dw_edge_fn e3s1, e3s2; dw_table_fn table; } dw_fns;
+#define DW_NOINLINE static __attribute__((noinline))
+#define DW_INSTANTIATE(sfx, XD)                                                                          \
+    DW_NOINLINE void dw_k3s1_##sfx(const char *x, int64_t b, int64_t nt, const dw_row *r) {              \
+        dw_run_k3(x, b, nt, r, 1, XD);                                                                   \
+    }                                                                                                    \
+    DW_NOINLINE void dw_k3s2_##sfx(const char *x, int64_t b, int64_t nt, const dw_row *r) {              \
+        dw_run_k3(x, b, nt, r, 2, XD);                                                                   \
+    }                                                                                                    \
+    DW_NOINLINE void dw_any_##sfx(const char *x, int64_t b, int64_t nt, const dw_row *r) {               \
+        dw_run_any(x, b, nt, r, XD);                                                                     \
+    }                                                                                                    \
+    DW_NOINLINE void dw_e3s1_##sfx(const char *x, int64_t lo, int64_t hi, int64_t b, int64_t np,         \
+                                   const dw_row *r) {                                                    \
+        dw_edge_k3(x, lo, hi, b, np, r, 1, XD);                                                          \
+    }                                                                                                    \
+    DW_NOINLINE void dw_e3s2_##sfx(const char *x, int64_t lo, int64_t hi, int64_t b, int64_t np,         \
+                                   const dw_row *r) {                                                    \
+        dw_edge_k3(x, lo, hi, b, np, r, 2, XD);                                                          \
+    }                                                                                                    \
+    DW_NOINLINE void dw_table_##sfx(const char *const (*tp)[DW_P], int64_t taps, int64_t b, int64_t np,  \
+                                    const dw_row *r) {                                                   \
+        dw_tile_table(tp, taps, b, np, r, XD);                                                           \
+    }
+DW_INSTANTIATE(f32, TSR_F32)
+DW_INSTANTIATE(bf16, TSR_BF16)
+DW_INSTANTIATE(f16, TSR_F16)
+#define DW_FNS(sfx) {dw_k3s1_##sfx, dw_k3s2_##sfx, dw_any_##sfx, dw_e3s1_##sfx, dw_e3s2_##sfx, dw_table_##sfx}
+static const dw_fns DW_BY_DTYPE[3] = {[TSR_F32] = DW_FNS(f32), [TSR_F16] = DW_FNS(f16), [TSR_BF16] = DW_FNS(bf16)};
+
+int tsr_conv2d_fwd_dw(const void *x, int xdtype, int64_t N, int64_t H, int64_t W, int64_t C, const float *wp,
                       const float *bias, void *out, int dtype, int64_t on, int64_t oc, int64_t oh_s, int64_t ow_s,
                       int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh,
                       int64_t dw, int64_t pt, int64_t pl, int act, int threads) {
+    if (xdtype != TSR_F32 && xdtype != TSR_F16 && xdtype != TSR_BF16) return TSR_EINVAL;
+    const dw_fns *fn = &DW_BY_DTYPE[xdtype];
+    const int64_t xe = tsr_elsize(xdtype);
+    const int st = dtype == TSR_BF16 && tsr_bf16_hw() ? TSR_BF16HW : dtype;
     const int64_t cfull = C / 16 * 16, nblk = C / 16, taps = KH * KW;
     const int64_t ps = sw * C;  /* next output pixel's input offset */
     const int k3 = KW == 3 && dw == 1 && (sw == 1 || sw == 2);  /* the sliding-window paths */
@@ -509,7 +572,7 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
     const int64_t ow_lo = (pl + sw - 1) / sw;
     int64_t ow_hi = W - 1 - (KW - 1) * dw + pl < 0 ? 0 : (W - 1 - (KW - 1) * dw + pl) / sw + 1;
     if (ow_hi > OW) ow_hi = OW;
-    float *zeros = NULL;  /* what a tap outside x reads: C (+ a vector of slack) zeros */
+    float *zeros = NULL;  /* what a tap outside x reads: C (+ a vector of slack) zeros, any dtype */
     if (taps <= DW_MAXTAPS && nblk) {
         zeros = calloc((size_t)(C + 16), sizeof(float));
         if (!zeros) return TSR_ENOMEM;
@@ -535,10 +598,10 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
             int64_t kh0 = 0, kh1 = KH;  /* taps whose row lies inside x */
             while (kh0 < KH && ih0 + kh0 * dh < 0) kh0++;
             while (kh1 > kh0 && ih0 + (kh1 - 1) * dh >= H) kh1--;
-            const float *ximg = x + n * H * W * C;
+            const char *ximg = (const char *)x + n * H * W * C * xe;
             const int64_t cb0 = nblk * ch / nch * 16, cb1 = nblk * (ch + 1) / nch * 16;
             dw_row rw = {wp + kh0 * KW * C, bias, C, dh * W * C, kh1 - kh0, KW, dw * C, ps, cb0, cb1,
-                         out, ow_s, oc, act, dtype};
+                         out, ow_s, oc, act, dtype, st};
             int64_t ow0 = 0;
             while (ow0 < OW && cb1 > cb0) {
                 const int64_t iw0 = ow0 * sw - pl;
@@ -546,29 +609,28 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
                 const int64_t base0 = n * on + oh * oh_s + ow0 * ow_s;
                 if (ow0 >= ow_lo && ow0 + DW_P <= ow_hi) {  /* interior: a run of tiles inside x */
                     const int64_t nt = (ow_hi - ow0) / DW_P;
-                    const float *xt = ximg + ((ih0 + kh0 * dh) * W + iw0) * C;
-                    if (k3) (sw == 1 ? dw_run_k3s1 : dw_run_k3s2)(xt, base0, nt, &rw);
-                    else dw_run_any(xt, base0, nt, &rw);
+                    const char *xt = ximg + ((ih0 + kh0 * dh) * W + iw0) * C * xe;
+                    (k3 ? (sw == 1 ? fn->k3s1 : fn->k3s2) : fn->any)(xt, base0, nt, &rw);
                     np = nt * DW_P;
                 } else if (k3) {  /* border tile, 3-wide stride 1 or 2: window columns outside x read 0 */
                     const int64_t jlo = iw0 < 0 ? -iw0 : 0, jhi = W - iw0;
                     /* the address is formed only for columns jlo .. jhi - 1, inside x */
-                    (sw == 1 ? dw_edge_k3s1 : dw_edge_k3s2)(ximg + (ih0 + kh0 * dh) * W * C + iw0 * C, jlo, jhi,
-                                                            base0, np, &rw);
+                    (sw == 1 ? fn->e3s1 : fn->e3s2)(ximg + ((ih0 + kh0 * dh) * W + iw0) * C * xe, jlo, jhi,
+                                                    base0, np, &rw);
                 } else if (zeros) {  /* border tile: one pointer per (tap, pixel), zeros outside x */
-                    const float *tp[DW_MAXTAPS][DW_P];
+                    const char *tp[DW_MAXTAPS][DW_P];
                     for (int64_t kh = 0; kh < KH; kh++) {
                         const int64_t ih = ih0 + kh * dh;
                         for (int64_t kw = 0; kw < KW; kw++)
                             for (int64_t p = 0; p < DW_P; p++) {
                                 const int64_t iw = iw0 + p * sw + kw * dw;
                                 tp[kh * KW + kw][p] = (p < np && ih >= 0 && ih < H && iw >= 0 && iw < W)
-                                                      ? ximg + (ih * W + iw) * C : zeros;
+                                                      ? ximg + (ih * W + iw) * C * xe : (const char *)zeros;
                             }
                     }
                     dw_row rt = rw;
                     rt.wk = wp;  /* the table covers every tap */
-                    dw_tile_table((const float *const (*)[DW_P])tp, taps, base0, np, &rt);
+                    fn->table((const char *const (*)[DW_P])tp, taps, base0, np, &rt);
                 } else {  /* kernels beyond 8x8: one pixel at a time, checking each tap's column */
                     for (int64_t p = 0; p < np; p++)
                         for (int64_t c0 = cb0; c0 < cb1; c0 += 16) {
@@ -578,8 +640,8 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
                                 for (int64_t kw = 0; kw < KW; kw++) {
                                     const int64_t c = iw0 + p * sw + kw * dw;
                                     if (c < 0 || c >= W) continue;
-                                    a0 += *(const cv16u *)(ximg + ((ih0 + kh * dh) * W + c) * C + c0)
-                                          * *(const cv16u *)(wp + (kh * KW + kw) * C + c0);
+                                    a0 += (cv16)tsr_v16_load(ximg + (((ih0 + kh * dh) * W + c) * C + c0) * xe,
+                                                             xdtype) * *(const cv16u *)(wp + (kh * KW + kw) * C + c0);
                                 }
                             store_vec(a0, act, out, base0 + p * ow_s + c0 * oc, oc, dtype);
                         }
@@ -594,7 +656,7 @@ int tsr_conv2d_fwd_dw(const float *x, int64_t N, int64_t H, int64_t W, int64_t C
                             for (int64_t kw = 0; kw < KW; kw++) {
                                 const int64_t iw = ow * sw - pl + kw * dw;
                                 if (iw < 0 || iw >= W) continue;
-                                a += ximg[((ih0 + kh * dh) * W + iw) * C + c] * wp[(kh * KW + kw) * C + c];
+                                a += ld1(ximg, ((ih0 + kh * dh) * W + iw) * C + c, xdtype) * wp[(kh * KW + kw) * C + c];
                             }
                         st1(out, n * on + c * oc + oh * oh_s + ow * ow_s, act_f(a, act), dtype);
                     }

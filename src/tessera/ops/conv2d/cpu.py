@@ -1,7 +1,8 @@
 """conv2d native CPU launcher (kernels: conv2d.c).
 
 Forward: x is widened/zero-padded into an fp32 NHWC buffer by ``tsr_conv2d_pack`` (skipped
-for an unpadded channels-last fp32 x, which already is one), weights are packed per group as
+for an unpadded channels-last fp32 x, which already is one, and for any channels-last x of a
+depthwise conv: that kernel pads virtually and widens bf16 / fp16 as it loads), weights are packed per group as
 [kh][kw][c_in][c_out rounded up to 16] (depthwise: [kh][kw][C]), then the dense implicit-GEMM
 or the direct depthwise kernel writes y in x's memory format with the fused epilogue.
 
@@ -97,14 +98,15 @@ def _packed_weight(weight, groups, transpose=False):
 
 def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilation, act, vpad=(0, 0)):
     """Run the forward kernel on the packed input xp [N, Hp, Wp, C] into out (N, G*M, OH, OW);
-    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp."""
+    ``vpad`` (top, left): the depthwise kernel's virtual zero padding of an unpadded xp.  xp is
+    fp32, except that the depthwise kernel also reads a bf16 / fp16 xp (widened as loaded)."""
     N, Hp, Wp, C = xp.shape
     OH, OW = out.shape[2], out.shape[3]
     b = as_fp32_param(bias)
     th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16)
     if dw_kernel:
-        f = cpu.declare(_lib(), "tsr_conv2d_fwd_dw", "pllllpppillllllllllllllii")
-        rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
+        f = cpu.declare(_lib(), "tsr_conv2d_fwd_dw", "pillllpppillllllllllllllii")
+        rc = f(cpu.ptr(xp), cpu.DTYPE_CODE[xp.dtype], N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
                *out.stride(), OH, OW, KH, KW, *stride, *dilation, *vpad, act, th)
     else:
         f = cpu.declare(_lib(), "tsr_conv2d_fwd", "pllllplppilllllllllllllllii")
@@ -139,9 +141,10 @@ class _Plan:
         self.sub = self.KH == self.KW == 1 and not any(pads) and tuple(stride) != (1, 1)
         if self.sub:
             x = x[:, :, ::stride[0], ::stride[1]]
-        # the depthwise kernel pads virtually, so an fp32 channels-last x is read in place
-        self.view = (self.dwk or not any(pads)) and x.dtype == torch.float32 and _channels_last(x) and \
-            x.permute(0, 2, 3, 1).is_contiguous()
+        # a channels-last x read in place: by the dense kernel when fp32 and unpadded; by the
+        # depthwise one in any dtype (it pads virtually and widens bf16 / fp16 as it loads)
+        self.view = _channels_last(x) and x.permute(0, 2, 3, 1).is_contiguous() and \
+            (self.dwk or (not any(pads) and x.dtype == torch.float32))
 
 
 _PLANS: dict = {}
