@@ -29,7 +29,8 @@ interleaved loop (:func:`tessera.bench.timing.time_interleaved`):
 Forward rows call each under ``torch.no_grad``.  Backward rows run each
 contender's forward once with ``requires_grad`` leaves (``spec.grad_inputs``), then
 time ``torch.autograd.grad(outs, leaves, ups, retain_graph=True)`` with the same
-upstream gradients ``ups`` for all three: only the backward pass is in the number.
+upstream gradients ``ups`` for all three, in the memory format of the output (channels-last
+for a channels-last conv): only the backward pass is in the number.
 
 Each (case, dtype, direction) starts from ``torch._dynamo.reset()`` and compiles
 with ``dynamic=False``: every shape gets its own static graph (what a user with
@@ -129,6 +130,15 @@ def shapes(kw: dict) -> str:
     return " ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in kw.items() if isinstance(v, torch.Tensor))
 
 
+def _in_layout_of(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The upstream gradient ``g`` in the memory format of the output ``o``: what the next layer's
+    backward hands over in a network (a channels-last conv's dy is channels-last).  An NCHW dy
+    under a channels-last output would time a layout reorder in every contender instead."""
+    if o.dim() == 4 and not o.is_contiguous() and o.is_contiguous(memory_format=torch.channels_last):
+        return g.contiguous(memory_format=torch.channels_last)
+    return g
+
+
 def _tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
@@ -170,7 +180,8 @@ def _bwd_callables(p: Plan, fns: dict[str, Callable], kw: dict, errors: dict) ->
             errors[name] = timing._err(e)
             continue
         if ups is None:  # the same upstream gradients for every contender
-            ups = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.device, o.dtype) for o in outs]
+            ups = [_in_layout_of(torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.device, o.dtype), o)
+                   for o in outs]
         if len(outs) != len(ups):
             errors[name] = f"returned {len(outs)} differentiable outputs, expected {len(ups)}"
             continue
