@@ -115,12 +115,34 @@ def test_broadcast_gemm_kernel_is_bit_exact(M, K, N, monkeypatch):
     w, sw = _weight(N, K, gen)
     bias = torch.randn(N, generator=gen)
     got, lin = [], []
-    for flag in ("1", "0"):
+    for flag in ("1", "2", "0"):   # AMX where the CPU has it (else VNNI), VNNI, portable C
         monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
         got.append(tessera.int_mm(a, b, backend="cpu"))
         lin.append(tessera.linear_w8a8(x, w, sw, bias, "silu", backend="cpu"))
-    assert torch.equal(got[0], exact) and torch.equal(got[1], exact)
-    assert torch.equal(lin[0], lin[1])
+    for g in got:
+        assert torch.equal(g, exact)
+    assert torch.equal(lin[0], lin[2]) and torch.equal(lin[1], lin[2])
+
+
+@pytest.mark.parametrize("M,K,N", [(48, 129, 70), (40, 576, 64), (80, 200, 31), (130, 4096, 70), (113, 1000, 5), (49, 4608, 33)])
+def test_amx_tile_kernel_is_bit_exact(M, K, N, monkeypatch):
+    """The AMX tile kernel (qi8_amx.h; K > 128 on CPUs with AMX-INT8): row blocks of 32 and 16 with
+    the rows % 16 left to VNNI, column halves (<= 32 valid columns skip the second), K padded to
+    64 inside the tiles (the broadcast GEMM's shapes: qo_wanted); exact int32 against int64
+    products at the integer extremes, as the VNNI kernel is."""
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if not qcpu.has_amx():
+        pytest.skip("no AMX-INT8 (or no tile state from the OS) here: the VNNI kernel is tested")
+    gen = torch.Generator().manual_seed(M + K + N)
+    a = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    a[0], a[-1], b[0] = -128, 127, -128
+    exact = (a.long() @ b.long().T).to(torch.int32)
+    outs = {}
+    for flag in ("1", "2"):
+        monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
+        outs[flag] = tessera.int_mm(a, b, backend="cpu")
+    assert torch.equal(outs["1"], exact) and torch.equal(outs["2"], exact)
 
 
 # ---------------------------------------------------------------- int_mm

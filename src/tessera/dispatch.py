@@ -87,8 +87,9 @@ AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
 ``DEFAULTS_INTEL`` differs where oneDNN's AMX and AVX512-FP16 paths change the winner:
 
 * W4A16: vendor from M = 16 (bf16, AMX: 2.3-6.6x), 32 (fp16), 64 (fp32: 1.15-1.36x);
-* W8A8: vendor for 64 <= M < 256 (``torch._int_mm``, AMX int8: 1.04-1.25x there; the VNNI kernel
-  is ahead at 16-32 and again from 256 on: 1.03-1.09x at 256, 1.02-1.12x at 512);
+* W8A8: the kernel (2026-12-06, once its broadcast GEMM ran on AMX tiles from M = 40: it takes
+  0.56-0.92x the time of ``torch._int_mm``'s route from M = 48 to 512, level at 32;
+  ``benchmarks/results/2026-12-06c-cpu-int8-amx/``; before, vendor for 64 <= M < 256);
 * dense conv2d fp32 and bf16, forward and backward: vendor from M = 16.  The calibration layer
   (64 channels at 28 x 28) is the kernel's best case (fp32 forward level to 3136 pixels), but the
   measured ResNet-18 layers at 256 and 512 channels run 1.5-3.2x faster on oneDNN in fp32 and
@@ -166,7 +167,6 @@ DEFAULTS: dict[str, int | list | None] = {
 # benchmarks/results/2026-12-05-cpu-dispatch-intel/.
 DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     "linear_w4a16:float32": 64, "linear_w4a16:bfloat16": 16, "linear_w4a16:float16": 32,
-    "linear_w8a8:float32": [64, 256], "linear_w8a8:bfloat16": [64, 256], "linear_w8a8:float16": [64, 256],
     "conv2d:float32": 16, "conv2d:bfloat16": 16, "conv2d:float16": None,
     # 1x1 convs (GEMMs over channels): in fp32 the kernel wins the small-M ones (960->160 at 7x7
     # 0.56x oneDNN's time, 64->384 at 14x14 0.82x) and oneDNN from M = 784 (1.4-2.8x); AMX bf16 wins all

@@ -239,7 +239,7 @@ py::object int_mm(py::handle a_obj, py::handle b_obj, py::handle backend) {
     const bool i8 = a.scalar_type() == at::kChar;
     at::Tensor y = at::empty({M, N}, a.options().dtype(i8 ? at::kInt : at::kLong));
     const char *v = std::getenv("TESSERA_QI8_VNNI");  // _qlinear_int8.cpu._vnni_ok
-    const int vnni = !(v && std::strcmp(v, "0") == 0), bits = i8 ? 8 : 16;
+    const int vnni = !v ? 1 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1, bits = i8 ? 8 : 16;
     using F = int (*)(const void *, int64_t, int, int, int64_t, int64_t, const void *, int64_t, const void *,
                       const void *, int, void *, int, int, int);
     int rc = launch(M * N * K, [&] {

@@ -27,8 +27,16 @@ def has_vnni() -> bool:
     return bool(cpu.declare(_lib(), "tsr_qi8_has_vnni", "")())
 
 
+def has_amx() -> bool:
+    """Does this CPU run the int8 broadcast GEMM on AMX tiles (AMX-INT8, tile state granted)?"""
+    return has_vnni() and bool(cpu.declare(_lib(), "tsr_qi8_has_amx", "")())
+
+
 def _vnni_ok() -> int:
-    return int(_env.get("TESSERA_QI8_VNNI", "1") != "0")
+    """``TESSERA_QI8_VNNI`` as the kernels' ``vnni_ok``: 0 portable C, 2 VNNI even where AMX
+    exists, 1 (default) the best the CPU has."""
+    v = _env.get("TESSERA_QI8_VNNI", "1")
+    return 0 if v == "0" else 2 if v == "2" else 1
 
 
 def _run(x, xkind, bits, weight, sw, bias, act, y, ydtype):

@@ -8,9 +8,10 @@
  * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
  * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128.
  *
- * Phase 2, int8 with VNNI where qo_wanted(M, K) (M > 16 and K small, or M >= 128): the broadcast
- * kernel of qi8_outer_avx512.h (64-column weight panels packed per call, 6 x 64 outputs in
- * registers, nothing reduced horizontally; 85 % of the VNNI peak at conv / prefill sizes).
+ * Phase 2, int8 with VNNI where qi8_outer says (M > 16 and K small, or M >= 128; with AMX from
+ * M = 40): the broadcast kernel of qi8_outer_avx512.h (64-column weight panels packed per call,
+ * 6 x 64 outputs in registers, nothing reduced horizontally; 85 % of the VNNI peak at conv /
+ * prefill sizes), or its AMX tile twin (qi8_amx.h).
  * Otherwise: dot-product micro-kernels on w's own [N, K] layout (no weight packing): a block
  * of mb <= 4 activation rows x 4 weight rows keeps 16 zmm accumulators over all of K, reduced
  * horizontally once at the end.
@@ -36,9 +37,11 @@
  * need the weight's identity/version tracked across calls for no measurable gain.  M > 16
  * (GEMM): threads take 64-row weight panels (K x 64 bytes, L2-resident) and sweep all
  * activation blocks over the panel, so the weight is read from DRAM once and the activations
- * once per panel (from L3).  AMX is not used (this CPU, AMD Zen 4, has none).
- * VNNI is chosen at run time (__builtin_cpu_supports("avx512vnni")) at the avx512 build level
- * (functions compiled with a target attribute); vnni_ok = 0 forces the portable code (tests).
+ * once per panel (from L3).  Where the CPU has AMX-INT8 and the OS grants the tile state, the
+ * broadcast GEMM's row blocks run on AMX tiles instead (qi8_amx.h: same panels, same buffer, same
+ * bits).  VNNI is chosen at run time (__builtin_cpu_supports("avx512vnni")) at the avx512 build
+ * level (functions compiled with a target attribute); vnni_ok = 0 forces the portable code,
+ * 2 VNNI even where AMX exists (tests), 1 the best the CPU has.
  * AArch64 (the cpu:aarch64 runner, -march=armv8-a): int8 blocks run SDOT (FEAT_DotProd) or SMMLA
  * (FEAT_I8MM) micro-kernels (tessera_neon_dot.h) where getauxval's HWCAP bits say the CPU has them,
  * else the portable loops (which gcc vectorises to smull/sadalp); there vnni_ok = 0 forces the
@@ -74,6 +77,7 @@ typedef struct {
     char *y; int ydtype;                 /* ydtype < 0: integer output (int32 / int64) */
     char *q; float *xs;                  /* activation buffer [M][Kp] and per-row scales */
     int arm;                             /* AArch64 int8: TSR_DOT_SDOT / TSR_DOT_SMMLA kernels, 0: portable */
+    int amx;                             /* x86 int8 broadcast GEMM on AMX tiles (qi8_amx.h) */
     const struct rq_s *rq;               /* tsr_qi8_mm_rq: requantized int8 / int16 output, else NULL */
 } job_t;
 
@@ -424,15 +428,19 @@ static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
     }
 }
 
+/* 4-byte K groups of a packed panel: ceil(K / 4), or Kp / 4 (a multiple of 16) for the AMX tiles */
+#define QO_GROUPS(J) ((J)->amx ? (J)->Kp / 4 : ((J)->K + 3) / 4)
+
 #if QI8_VNNI
 #include "qi8_outer_avx512.h"
+#include "qi8_amx.h"
 
 /* the broadcast GEMM (int8, VNNI, qo_wanted(M, K)): panels packed by all threads, then (row chunk,
  * panel) items; int32 outputs straight into y, float epilogues through a per-thread int32 tile
  * (`tile`: 2 x QO_MC x 64 int32, the int64 tile's bytes) */
 VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32_t *tile, float *fbuf,
                                    const int failed) {
-    const int64_t k4n = (J->K + 3) / 4, np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
+    const int64_t k4n = QO_GROUPS(J), np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
 _Pragma("omp for schedule(static)")
     for (int64_t p = 0; p < np; p++) {
         if (failed) continue;
@@ -441,6 +449,12 @@ _Pragma("omp for schedule(static)")
             for (int64_t j = 0; j < 64 && p * 64 + j < J->N; j++)
                 CS[p * 64 + j] = (int32_t)((uint32_t)CS[p * 64 + j] - (uint32_t)(int32_t)J->rq->off[p * 64 + j]);
     }
+#if QI8_AMX
+    if (J->amx) qa_begin();
+#define QO_ROWS(...) (J->amx ? qa_rows(__VA_ARGS__) : qo_rows(__VA_ARGS__))
+#else
+#define QO_ROWS qo_rows
+#endif
 _Pragma("omp for schedule(dynamic, 1)")
     for (int64_t it = 0; it < nmc * np; it++) {
         if (failed) continue;   /* this thread's scratch failed: its items stay unwritten, the call fails */
@@ -449,25 +463,53 @@ _Pragma("omp for schedule(dynamic, 1)")
         const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
         int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
         if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
-            qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+            QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
             for (int64_t i = 0; i < rows; i++) rq_put(J->rq, (const char *)(tile + i * 64), 0, m0 + i, n0, cols,
                                                        J->rq->fold);
             continue;
         }
         if (J->ydtype < 0) {
-            qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, (int32_t *)J->y + m0 * J->N + n0, J->N,
+            QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, (int32_t *)J->y + m0 * J->N + n0, J->N,
                     cols, tmp);
             continue;
         }
-        qo_rows(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+        QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
         for (int64_t i = 0; i < rows; i++) {
             int64_t r[64];
             for (int64_t j = 0; j < cols; j++) r[j] = tile[i * 64 + j];
             finish(J, m0 + i, n0, cols, r, fbuf);
         }
     }
+#undef QO_ROWS
+#if QI8_AMX
+    if (J->amx) qa_end();
+#endif
 }
 #endif
+
+#ifndef QI8_AMX
+#define QI8_AMX 0
+int tsr_qi8_has_amx(void) { return 0; }
+#endif
+
+/* Does this call take the broadcast GEMM (packed panels), and on AMX tiles (*amx)?  VNNI: where
+ * qo_wanted(M, K).  AMX (vnni_ok 1; vnni_ok 2 keeps VNNI even where AMX exists): from M = 40 at
+ * any K > 128, the tiles' speed amortising the panel packing that VNNI does not below M = 96 at
+ * K >= 2048 (Sapphire Rapids, 2 threads, int_mm: 1.33-1.36x at M = 49, K = 2304-4608, N = 512;
+ * 1.44x at M = 64, K = N = 4096; but 0.93x at M = 32 and 0.61x at 17, where the weight's packing
+ * and the rows % 16 left to VNNI dominate).  K <= 128 stays on VNNI: a tile step per row block is
+ * all there is to amortise the tile loads and stores (0.74x at K = 64, level at 128). */
+static int qi8_outer(const job_t *J, int vnni_ok, int *amx) {
+    *amx = 0;
+#if QI8_VNNI
+    if (!J->vnni || J->bits != 8 || J->M <= 16) return 0;
+    *amx = vnni_ok == 1 && J->K > 128 && J->M >= 40 && tsr_qi8_has_amx();
+    return *amx || qo_wanted(J->M, J->K);
+#else
+    (void)J; (void)vnni_ok;
+    return 0;
+#endif
+}
 
 /* ------------------------------------------------------------------ entry point */
 static int qi8_run(job_t J, int vnni_ok, int nthreads);
@@ -476,7 +518,7 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
                const float *wscale, const float *bias, int act, void *y, int ydtype, int vnni_ok, int nthreads) {
     if (M == 0 || N == 0) return TSR_OK;
     job_t J = {(const char *)x, sx, xkind, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
-               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL, 0, NULL};
+               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL, 0, 0, NULL};
     return qi8_run(J, vnni_ok, nthreads);
 }
 
@@ -494,10 +536,9 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
     for (int64_t n = 0; fold && n < N; n++) fold = off[n] >= -(INT32_MAX - K * 16384) && off[n] <= INT32_MAX - K * 16384;
     const rq_t R = {mult, shift, cs, off, zp, qmin, qmax, rounding, (char *)out, so, out16, fold};
     job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
-               w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, &R};
-#if QI8_VNNI
-    if (J.vnni && bits == 8 && qo_wanted(M, K)) return qi8_run(J, vnni_ok, nthreads);
-#endif
+               w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R};
+    int amx;
+    if (qi8_outer(&J, vnni_ok, &amx)) return qi8_run(J, vnni_ok, nthreads);
     const int acc64 = bits == 16;
     char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
     if (!acc) return TSR_ENOMEM;
@@ -515,7 +556,6 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
 static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int64_t M = J.M, K = J.K, N = J.N;
     const int bits = J.bits, xkind = J.xkind;
-    (void)vnni_ok;
     const int es = bits == 8 ? 1 : 2;
     J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
     J.xs = tsr_scratch(M);
@@ -525,14 +565,13 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
 #endif
     const int T = tsr_threads(nthreads);
     /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
+    const int outer = qi8_outer(&J, vnni_ok, &J.amx);
 #if QI8_VNNI
-    const int outer = J.vnni && bits == 8 && qo_wanted(M, K);
     const int64_t tile_rows = outer ? QO_MC : MB;
 #else
-    const int outer = 0;
     const int64_t tile_rows = MB;
 #endif
-    const int64_t k4n = (K + 3) / 4, np = (N + 63) / 64;
+    const int64_t k4n = QO_GROUPS(&J), np = (N + 63) / 64;
     int8_t *P = outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256)) : NULL;
     int32_t *CS = outer ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
     if (outer && (!P || !CS)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }

@@ -1,0 +1,125 @@
+/* qi8_amx.h -- the int8 GEMM's AMX tile kernel (Sapphire Rapids and later), framework-free.
+ * Included by qlinear_int8.c after qi8_outer_avx512.h, whose packed panels and u8 activation
+ * buffer it reads unchanged.
+ *
+ * Why: VPDPBUSD does 64 byte products per instruction; TDPBUSD does 16 x 16 x 64 = 16384 on
+ * tiles (the bench's register-only peaks on the Sapphire Rapids VM: 821 GOP/s VNNI, 6638
+ * AMX).  The layouts already fit:
+ *
+ *   A tile (16 rows x 64 bytes) = 16 rows of the u8 buffer (q + 128, row stride Kp, a multiple
+ *                                 of 64 padded with 128), bytes 4 kb .. 4 kb + 63;
+ *   B tile (16 rows x 64 bytes) = 16 groups k4 = kb .. kb + 15 of a packed panel, 16 columns
+ *                                 (P[k4][j][0..3] = w[n0 + j][4 k4 .. 4 k4 + 3], row stride 256);
+ *   C tile (16 x 16 int32)      += sum over the 64 bytes of u8 A x s8 B  (TDPBUSD: wrapping int32
+ *                                 sums, no saturation, exactly VPDPBUSD's arithmetic)
+ *
+ * so the result is bit-identical to the VNNI kernel and the portable C: sum (q + 128) w - 128 cs,
+ * exact for K <= 131071 (qlinear_int8.c).  Panels are packed with kp4 = Kp / 4 groups (a multiple
+ * of 16: zero past K, where A holds 128 = q 0, so the extra products are 0).
+ *
+ * Blocking: 8 tiles = 4 C (32 rows x 32 columns) + 2 A + 2 B; a 64-column panel is two 32-column
+ * halves, K runs whole in the C tiles (no partial sums in memory).  Row blocks of 32, then one of
+ * 16; the last rows % 16 go to the VNNI kernel (a tile load of 16 rows would read past the buffer).
+ * C is stored to a 32 x 64 int32 scratch, the correction subtracted on the way out.
+ *
+ * The OS must grant the tile state once per process (arch_prctl ARCH_REQ_XCOMP_PERM,
+ * XFEATURE_XTILEDATA = 18, Linux >= 5.16); each thread loads the tile configuration before its
+ * first tile instruction and releases the tiles after its last (qa_begin / qa_end).  Tile
+ * instructions are inline asm (AT&T operand order: B, A, C) so no -mamx flag is needed to build.
+ */
+#ifndef QI8_AMX_H
+#define QI8_AMX_H
+
+#if defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+long syscall(long number, ...); /* unistd.h hides it under -std=c11 */
+#define QI8_AMX 1
+#else
+#define QI8_AMX 0
+#endif
+
+#if QI8_AMX
+/* CPUID.(7, 0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8; then the kernel's permission for the tile
+ * data.  Asked once (the answer is per process); 0 where either is missing. */
+static int qa_available_uncached(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+
+int tsr_qi8_has_amx(void) {
+    static int state = -1;   /* a benign race: every thread computes the same answer */
+    if (state < 0) state = qa_available_uncached();
+    return state;
+}
+
+/* palette 1, tiles 0-7 all 16 rows x 64 bytes */
+static void qa_begin(void) {
+    uint8_t cfg[64] __attribute__((aligned(64))) = {0};
+    cfg[0] = 1;
+    for (int t = 0; t < 8; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+static void qa_end(void) { __asm__ volatile("tilerelease" ::: "memory"); }
+
+#define QA_LOAD(t, p, stride) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(p), "r"((int64_t)(stride)) : "memory")
+#define QA_STORE(t, p, stride) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"((int64_t)(stride)) : "memory")
+#define QA_DP(c, a, b) __asm__ volatile("tdpbusd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
+
+/* rows r0 .. r0 + 16 (two: + 32) of A x columns 32 h .. 32 h + 31 of panel P (kp4 groups) into
+ * buf (32 x 64 int32, row stride 64): raw sums, correction not applied */
+static __attribute__((noinline)) void qa_block(const uint8_t *A, int64_t lda, const int two, const int8_t *P,
+                                               int64_t kp4, int h, int32_t *buf) {
+    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory");
+    const int8_t *b = P + 128 * h;
+    for (int64_t kb = 0; kb < kp4; kb += 16, b += 16 * 256) {
+        QA_LOAD(4, A + 4 * kb, lda);
+        QA_LOAD(6, b, 256);
+        QA_LOAD(7, b + 64, 256);
+        QA_DP(0, 4, 6);
+        QA_DP(1, 4, 7);
+        if (two) {
+            QA_LOAD(5, A + 16 * lda + 4 * kb, lda);
+            QA_DP(2, 5, 6);
+            QA_DP(3, 5, 7);
+        }
+    }
+    QA_STORE(0, buf + 32 * h, 256);
+    QA_STORE(1, buf + 32 * h + 16, 256);
+    if (two) {
+        QA_STORE(2, buf + 16 * 64 + 32 * h, 256);
+        QA_STORE(3, buf + 16 * 64 + 32 * h + 16, 256);
+    }
+}
+#undef QA_LOAD
+#undef QA_STORE
+#undef QA_DP
+
+/* qo_rows' contract with tiles: rows [0, rows) of A x packed panel P (kp4 groups, a multiple of
+ * 16) minus the correction cs, exact int32 into out (row stride ldo, `cols` valid columns);
+ * tmp: the VNNI kernel's scratch, for the rows % 16 it takes.  The caller has run qa_begin. */
+VNNI_TARGET static void qa_rows(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t kp4,
+                                const int32_t *cs, int32_t *out, int64_t ldo, int64_t cols, int32_t *tmp) {
+    int32_t buf[32 * 64] __attribute__((aligned(64)));
+    int64_t m = 0;
+    while (rows - m >= 16) {
+        const int two = rows - m >= 32, nr = two ? 32 : 16;
+        qa_block(A + m * lda, lda, two, P, kp4, 0, buf);
+        if (cols > 32) qa_block(A + m * lda, lda, two, P, kp4, 1, buf);
+        for (int i = 0; i < nr; i++) {
+            int32_t *o = out + (m + i) * ldo;
+            const int32_t *s = buf + i * 64;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) o[j] = (int32_t)((uint32_t)s[j] - (uint32_t)cs[j]);
+        }
+        m += nr;
+    }
+    if (m < rows) qo_rows(A + m * lda, lda, rows - m, P, kp4, cs, out + m * ldo, ldo, cols, tmp);
+}
+#else
+int tsr_qi8_has_amx(void) { return 0; }
+#endif
+
+#endif /* QI8_AMX_H */
