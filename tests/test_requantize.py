@@ -237,8 +237,9 @@ def test_conv2d_int8_golden(backend, gemm_path):
 
 @pytest.mark.parametrize("groups", [1, 2, 6])   # dense (im2col + GEMM), grouped, depthwise
 def test_int8_weight_memo_follows_in_place_updates(groups):
-    """The cpu kernels derive a permuted weight and its row sums once per weight tensor
-    (_library.per_tensor); an in-place update (version bump) or a new tensor must not reuse them."""
+    """The cpu kernels derive a permuted weight, its row sums and the offset bias - x_zp * sum w once
+    per weight tensor (_library.per_tensor); an in-place update of the weight or the bias (version
+    bump), a new bias tensor or another x_zp must not reuse them."""
     gen = torch.Generator().manual_seed(groups)
     x = torch.randint(-128, 128, (2, 6, 7, 9), generator=gen, dtype=torch.int8)
     w = torch.randint(-127, 128, (6, 6 // groups, 3, 3), generator=gen, dtype=torch.int8)
@@ -253,6 +254,11 @@ def test_int8_weight_memo_follows_in_place_updates(groups):
             assert torch.equal(got, want), (step, xz)
             got = tessera.linear_int8_requant(xl, xz, wl, b, m, s, 1, backend="cpu")
             assert torch.equal(got, tessera.linear_int8_requant(xl, xz, wl, b, m, s, 1, backend="reference"))
+        b.add_(7)                               # the bias alone, in place: the cached offset must follow
+        got = tessera.conv2d_int8(x, -7, w, b, m, s, 1, 1, 1, 1, groups, backend="cpu")
+        assert torch.equal(got, tessera.conv2d_int8(x, -7, w, b, m, s, 1, 1, 1, 1, groups, backend="reference"))
+        got = tessera.linear_int8_requant(xl, -7, wl, b, m, s, 1, backend="cpu")
+        assert torch.equal(got, tessera.linear_int8_requant(xl, -7, wl, b, m, s, 1, backend="reference"))
         w.mul_(-1).add_(step)                   # in place: the memo must rebuild
         wl.copy_(w.reshape(6, -1))
         b = b + 5

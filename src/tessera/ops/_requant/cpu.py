@@ -52,7 +52,7 @@ def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_po
     if M == 0 or N == 0:
         return out
     wsum = per_tensor(weight, "rowsum", lambda: weight.sum(1, dtype=torch.int64))
-    off = _offset(wsum, bias, x_zero_point)
+    off = _offset_for(weight, "rowsum", wsum, bias, x_zero_point)
     return int_mm_requant(x, weight, multiplier, shift, off, out_zero_point, qmin, qmax, ROUNDING[rounding], out)
 
 
@@ -115,6 +115,25 @@ def _offset(wsum, bias, x_zero_point):
     return off if bias is None else off.add_(bias)
 
 
+def _offset_for(weight, kind, wsum, bias, x_zero_point, derive=None):
+    """``_offset`` (and ``derive(off)``, when given) memoised on the weight (per_tensor) for one bias
+    and x_zp: the two tensor ops, and the depthwise kernel's exactness test, were ~10-20 us of
+    every call of a quantized model's layers.  The entry holds a reference to the bias it was made
+    for and checks identity, version and address, so a bias changed in place, or a new bias
+    tensor, rebuilds it; one entry per x_zp (a few at most), never read back after a change."""
+    memo = per_tensor(weight, (kind, "offset"), dict)
+    stamp = None if bias is None else (bias._version, bias.data_ptr())
+    hit = memo.get(x_zero_point)
+    if hit is not None and hit[0] is bias and hit[1] == stamp:
+        return hit[2]
+    off = _offset(wsum, bias, x_zero_point)
+    value = (off, derive(off)) if derive is not None else off
+    if len(memo) >= 8:
+        memo.clear()
+    memo[x_zero_point] = (bias, stamp, value)
+    return value
+
+
 def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype,
                  stride, padding, dilation, groups, Ho, Wo):
     """x [N, C, H, W] int8/int16 (any strides); weight [O, C/g, kh, kw] int8 contiguous.
@@ -144,14 +163,16 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
     else:
         cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
     w2, wsum = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
-    off = _offset(wsum, bias, x_zero_point)
+    off = _offset_for(weight, ("conv2d_int8", order), wsum, bias, x_zero_point)
+    r = ROUNDING[rounding]
+    if groups == 1:   # no per-group views (five of them were ~6 us a call)
+        return int_mm_requant(cols, w2, multiplier, shift, off, out_zero_point, qmin, qmax, r, out)
     Og, Kg = O // groups, Cg * kh * kw
     per_ch = multiplier.numel() > 1
     for g in range(groups):
         o0, o1 = g * Og, (g + 1) * Og
         int_mm_requant(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1], multiplier[o0:o1] if per_ch else multiplier,
-                       shift[o0:o1] if per_ch else shift, off[o0:o1], out_zero_point, qmin, qmax, ROUNDING[rounding],
-                       out[:, o0:o1])
+                       shift[o0:o1] if per_ch else shift, off[o0:o1], out_zero_point, qmin, qmax, r, out[:, o0:o1])
     return out
 
 
@@ -164,9 +185,10 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
     x = _channels_last(x)   # the channel loop unit-stride (vectorised)
     if x.dtype == torch.int8 and kw == 3 and dilation[1] == 1 and stride[1] in (1, 2) and _k3_available():
         wf, wsum = per_tensor(weight, "conv2d_int8_dw_k3", lambda: _dw_weight_f32(weight))
-        off = _offset(wsum, bias, x_zero_point)
-        if bool(off.abs().max() <= _F32_EXACT - kh * kw * (1 << 14)):   # requant.c: exact fp32 sums
-            init = off.float()   # a named reference: alive through the call
+        # requant.c: exact fp32 sums while |off| + the taps' |sum| stay below 2^24; init: off in fp32
+        off, (exact, init) = _offset_for(weight, "conv2d_int8_dw_k3", wsum, bias, x_zero_point, lambda o: (
+            bool(o.abs().max() <= _F32_EXACT - kh * kw * (1 << 14)), o.float()))
+        if exact:
             f = cpu.declare(_lib(), "tsr_dw_requant_k3", "p" + "l" * 7 + "pp" + "l" * 9 + "ppl" + "llli" + "plii")
             rc = f(cpu.ptr(x), Nb, C, H, W, x.stride(0), x.stride(2), x.stride(3), cpu.ptr(wf), cpu.ptr(init),
                    kh, stride[0], stride[1], *padding, dilation[0], Ho, Wo, x_zero_point, cpu.ptr(multiplier),
@@ -177,7 +199,7 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
     wt, wsum = per_tensor(weight, "conv2d_int8_dw", lambda: _dw_weight(weight))
     f = cpu.declare(_lib(), "tsr_dw_requant", "pi" + "l" * 8 + "p" + "l" * 11 + "pplp" + "lll" + "iplii")
     per_ch = int(multiplier.numel() > 1)
-    off = _offset(wsum, bias, x_zero_point)   # a named reference: alive through the call
+    off = _offset_for(weight, "conv2d_int8_dw", wsum, bias, x_zero_point)
     rc = f(cpu.ptr(x), x.element_size(), Nb, C, H, W, *x.stride(), cpu.ptr(wt), kh, kw, *stride, *padding,
            *dilation, Ho, Wo, x_zero_point, cpu.ptr(multiplier), cpu.ptr(shift), per_ch, cpu.ptr(off), out_zero_point,
            qmin, qmax, ROUNDING[rounding], cpu.ptr(out),

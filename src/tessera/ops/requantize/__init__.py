@@ -101,8 +101,13 @@ def check_scales(op, multiplier, shift, channels, acc_dtype, acc_name="acc", che
         if t.dim() > 1 or t.numel() not in (1, channels):
             raise ValueError(f"tessera.{op}: argument '{name}' ({_checks.describe(t)}) must hold 1 value (per "
                              f"tensor) or {channels} (one per output channel of '{acc_name}')")
-    if check_values and shift.numel() and not isinstance(shift, torch._subclasses.FakeTensor) \
-            and shift.device.type != "meta":
+    if check_values:
+        check_shift_values(op, shift, acc_dtype)
+
+
+def check_shift_values(op, shift, acc_dtype):
+    """The shift values inside the range of the accumulator's path (``SHIFT_RANGE``)."""
+    if shift.numel() and not isinstance(shift, torch._subclasses.FakeTensor) and shift.device.type != "meta":
         lo, hi = SHIFT_RANGE[acc_dtype]
         # read once per shift tensor (per_tensor: rebuilt after an in-place change): two reductions and
         # two host reads were ~5 us of every call of a quantized model's layers
