@@ -79,6 +79,7 @@ def out_hw(x_shape, w_shape, s, pads, d):
 
 
 _CHECKED: dict = {}  # signature of an argument set that passed _check -> (oh, ow)
+_NORMALIZED: dict = {}  # the public function's argument signature -> its normalised arguments
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -217,6 +218,17 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, p
            groups: int = 1, activation: Optional[str] = None, *, backend: Optional[str] = None) -> Tensor:
     """``act(F.conv2d(x, weight, bias, stride, padding, dilation, groups))`` in one kernel; the output
     takes x's memory format (channels-last in, channels-last out)."""
+    key = None
+    if type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN):
+        # the normalisation below depends only on these (types in the key: True must not hit 1)
+        key = (x.dim(), weight.shape, type(stride), stride, type(padding), padding, type(dilation), dilation,
+               type(groups), groups, activation, backend)
+        try:
+            hit = _NORMALIZED.get(key)
+        except TypeError:   # an unhashable argument (a list): normalised below, every call
+            key = hit = None
+        if hit is not None:
+            return direct(_conv2d, _conv2d_impl, x, weight, bias)(x, weight, bias, *hit)
     _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias})
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"tessera.{OP}: argument 'weight' must be a torch.Tensor, got {type(weight).__name__}")
@@ -228,8 +240,12 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, p
     if isinstance(groups, bool) or not isinstance(groups, int):
         raise TypeError(f"tessera.{OP}: argument 'groups' must be an int, got {type(groups).__name__}")
     s, pads, d = normalize(x.shape, weight.shape, stride, padding, dilation)
-    return direct(_conv2d, _conv2d_impl, x, weight, bias)(
-        x, weight, bias, list(s), list(pads), list(d), groups, activation, _checks.backend_arg(OP, backend))
+    rest = (list(s), list(pads), list(d), groups, activation, _checks.backend_arg(OP, backend))
+    if key is not None:
+        if len(_NORMALIZED) > 4096:
+            _NORMALIZED.clear()
+        _NORMALIZED[key] = rest
+    return direct(_conv2d, _conv2d_impl, x, weight, bias)(x, weight, bias, *rest)
 
 
 # ---------------------------------------------------------------- spec: cases, roofline
