@@ -145,6 +145,29 @@ def test_amx_tile_kernel_is_bit_exact(M, K, N, monkeypatch):
     assert torch.equal(outs["1"], exact) and torch.equal(outs["2"], exact)
 
 
+@pytest.mark.parametrize("xz,layout", [(-128, torch.channels_last), (5, torch.contiguous_format)])
+def test_amx_requantized_conv_matches_vnni_and_reference(xz, layout, monkeypatch):
+    """conv2d_int8's fused GEMM + requantization (tsr_qi8_mm_rq: the x_zp offset folded into the
+    column-sum correction, tiles requantized in cache) on AMX tiles: equal to VNNI and to the
+    reference on a 3x3 layer of M = 100 output pixels, K = 576."""
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if not qcpu.has_amx():
+        pytest.skip("no AMX-INT8 (or no tile state from the OS) here: the VNNI kernel is tested")
+    gen = torch.Generator().manual_seed(xz + 200)
+    x = torch.randint(-128, 128, (1, 64, 10, 10), generator=gen, dtype=torch.int8).contiguous(memory_format=layout)
+    w = torch.randint(-127, 128, (70, 64, 3, 3), generator=gen, dtype=torch.int8)
+    b = torch.randint(-5000, 5000, (70,), generator=gen, dtype=torch.int32)
+    m = torch.randint(2**29, 2**31 - 1, (70,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-12, -6, (70,), generator=gen, dtype=torch.int32)
+    outs = {}
+    for flag in ("1", "2"):
+        monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
+        outs[flag] = tessera.conv2d_int8(x, xz, w, b, m, s, 3, 1, 1, backend="cpu")
+    want = tessera.conv2d_int8(x, xz, w, b, m, s, 3, 1, 1, backend="reference")
+    assert torch.equal(outs["1"], want) and torch.equal(outs["2"], want)
+    assert want.unique().numel() > 50                     # not saturated to a few codes
+
+
 # ---------------------------------------------------------------- int_mm
 
 @pytest.mark.parametrize("adtype", [torch.int8, torch.int16])
