@@ -124,7 +124,8 @@ def test_broadcast_gemm_kernel_is_bit_exact(M, K, N, monkeypatch):
     assert torch.equal(lin[0], lin[2]) and torch.equal(lin[1], lin[2])
 
 
-@pytest.mark.parametrize("M,K,N", [(48, 129, 70), (40, 576, 64), (80, 200, 31), (130, 4096, 70), (113, 1000, 5), (49, 4608, 33)])
+@pytest.mark.parametrize("M,K,N", [(48, 129, 70), (40, 576, 64), (80, 200, 31), (130, 4096, 70), (113, 1000, 5),
+                                   (49, 4608, 33)])
 def test_amx_tile_kernel_is_bit_exact(M, K, N, monkeypatch):
     """The AMX tile kernel (qi8_amx.h; K > 128 on CPUs with AMX-INT8): row blocks of 32 and 16 with
     the rows % 16 left to VNNI, column halves (<= 32 valid columns skip the second), K padded to

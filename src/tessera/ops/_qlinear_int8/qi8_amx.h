@@ -64,8 +64,10 @@ static void qa_begin(void) {
 }
 static void qa_end(void) { __asm__ volatile("tilerelease" ::: "memory"); }
 
-#define QA_LOAD(t, p, stride) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(p), "r"((int64_t)(stride)) : "memory")
-#define QA_STORE(t, p, stride) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"((int64_t)(stride)) : "memory")
+#define QA_LOAD(t, p, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(p), "r"((int64_t)(stride)) : "memory")
+#define QA_STORE(t, p, stride) \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"((int64_t)(stride)) : "memory")
 #define QA_DP(c, a, b) __asm__ volatile("tdpbusd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
 
 /* rows r0 .. r0 + 16 (two: + 32) of A x columns 32 h .. 32 h + 31 of panel P (kp4 groups) into

@@ -274,8 +274,9 @@ int tsr_conv2d_fwd(const float *xp, int64_t N, int64_t Hp, int64_t Wp, int64_t C
 /* x: NHWC [N][H][W][C] in fp32, bf16 or fp16 (xdtype), unpadded; the zero padding (pt, pl;
  * bottom/right implied by OH/OW) is virtual.  A bf16 / fp16 x is widened in registers as it is
  * loaded (exact), so a half-precision channels-last x is read in place: no fp32 copy of it is
- * made (that packing pass cost 3x the kernel).  Sums are fp32, rounded once at the store.  Channels in blocks of 16 (one vector); a tile of 8 output pixels of a row stays
- * in registers and shares each tap's weight vector.  Tiles whose taps all lie inside x take the
+ * made (that packing pass cost 3x the kernel).  Sums are fp32, rounded once at the store.
+ * Channels in blocks of 16 (one vector); a tile of 8 output pixels of a row stays in registers
+ * and shares each tap's weight vector.  Tiles whose taps all lie inside x take the
  * branch-free path (3x3 stride 1: a sliding window, 10 input vectors serve 24 FMAs); the border
  * tiles (first and last of a row, any row whose window leaves x, and rows narrower than a tile)
  * read through a table of one pointer per (tap, pixel) built once per tile, where a tap outside

@@ -2,9 +2,10 @@
 
 Forward: x is widened/zero-padded into an fp32 NHWC buffer by ``tsr_conv2d_pack`` (skipped
 for an unpadded channels-last fp32 x, which already is one, and for any channels-last x of a
-depthwise conv: that kernel pads virtually and widens bf16 / fp16 as it loads), weights are packed per group as
-[kh][kw][c_in][c_out rounded up to 16] (depthwise: [kh][kw][C]), then the dense implicit-GEMM
-or the direct depthwise kernel writes y in x's memory format with the fused epilogue.
+depthwise conv: that kernel pads virtually and widens bf16 / fp16 as it loads), weights are
+packed per group as [kh][kw][c_in][c_out rounded up to 16] (depthwise: [kh][kw][C]), then the
+dense implicit-GEMM or the direct depthwise kernel writes y in x's memory format with the fused
+epilogue.
 
 Backward: z recomputed (fp32 NHWC) when an activation is fused (silu / gelu: the op hands
 relu / relu6 over as an already masked dy); dz = dy * act'(z) packed fp32 NHWC; dweight and
@@ -106,8 +107,8 @@ def _conv(xp, wp, cop, bias, out, groups, dw_kernel, K, M, KH, KW, stride, dilat
     th = cpu.threads_for(N * OH * OW * out.shape[1] * max(1, K) * KH * KW // 16)
     if dw_kernel:
         f = cpu.declare(_lib(), "tsr_conv2d_fwd_dw", "pillllpppillllllllllllllii")
-        rc = f(cpu.ptr(xp), cpu.DTYPE_CODE[xp.dtype], N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
-               *out.stride(), OH, OW, KH, KW, *stride, *dilation, *vpad, act, th)
+        rc = f(cpu.ptr(xp), cpu.DTYPE_CODE[xp.dtype], N, Hp, Wp, C, cpu.ptr(wp), cpu.ptr(b), cpu.ptr(out),
+               cpu.DTYPE_CODE[out.dtype], *out.stride(), OH, OW, KH, KW, *stride, *dilation, *vpad, act, th)
     else:
         f = cpu.declare(_lib(), "tsr_conv2d_fwd", "pllllplppilllllllllllllllii")
         rc = f(cpu.ptr(xp), N, Hp, Wp, C, cpu.ptr(wp), cop, cpu.ptr(b), cpu.ptr(out), cpu.DTYPE_CODE[out.dtype],
