@@ -88,8 +88,10 @@ AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
 
 * W4A16: vendor from M = 16 (bf16, AMX: 2.3-6.6x), 32 (fp16), 64 (fp32: 1.15-1.36x);
 * W8A8: the kernel (2026-12-06, once its broadcast GEMM ran on AMX tiles from M = 40: it takes
-  0.56-0.92x the time of ``torch._int_mm``'s route from M = 48 to 512, level at 32;
-  ``benchmarks/results/2026-12-06c-cpu-int8-amx/``; before, vendor for 64 <= M < 256);
+  0.46-0.93x the time of ``torch._int_mm``'s route from M = 32 to 256 at N = K = 2048, 0.45-0.82x
+  from 128 to 512 at 4096, but 1.13-1.32x in fp32 at M = 48-64, K = 4096, a case one M range
+  per dtype cannot single out; ``benchmarks/results/2026-12-06c-cpu-int8-amx/``; before, vendor
+  for 64 <= M < 256);
 * dense conv2d fp32 and bf16, forward and backward: vendor from M = 16.  The calibration layer
   (64 channels at 28 x 28) is the kernel's best case (fp32 forward level to 3136 pixels), but the
   measured ResNet-18 layers at 256 and 512 channels run 1.5-3.2x faster on oneDNN in fp32 and

@@ -1,4 +1,4 @@
-"""linear_w8a8 at N = K = 2048: tessera kernel vs its vendor route (quantize rows + torch._int_mm), 2 threads, best of 3 medians of 15."""
+"""linear_w8a8 at N = K = argv[1], M in argv[2] (comma-separated): tessera kernel vs its vendor route (quantize rows + torch._int_mm), 2 threads, best of 3 medians of 15."""
 import torch, time, statistics, tessera
 from tessera import dispatch
 from tessera.quant import contract
@@ -10,10 +10,11 @@ def med(f, n=15):
         t=time.perf_counter(); f(); ts.append(time.perf_counter()-t)
     return statistics.median(ts)*1e3
 g=torch.Generator().manual_seed(0)
-N=K=2048
+import sys
+N=K=int(sys.argv[1])
 w=torch.randn(N,K,generator=g)*0.05; qw,sw=contract.quantize_rows(w,torch.int8)
 for dt in (torch.float32, torch.bfloat16):
-  for M in (32,48,64,96,256):
+  for M in [int(v) for v in sys.argv[2].split(",")]:
     x=torch.randn(M,K,generator=g).to(dt)
     r={}
     for rep in range(3):
