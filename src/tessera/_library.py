@@ -28,6 +28,41 @@ from typing import Iterator
 import torch
 
 _PARAMETER = torch.nn.Parameter
+# what a signature cache may key on: plain tensors and parameters (fake / functional tensors under
+# tracing may carry symbolic sizes, which must not be hashed into a key)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain(*tensors) -> bool:
+    """Is every argument a plain tensor or parameter (``PLAIN_TENSORS``)?"""
+    for t in tensors:
+        if type(t) not in PLAIN_TENSORS:
+            return False
+    return True
+
+
+class SignatureCache(dict):
+    """An op's memo of what a call derives from its signature alone (checks passed, normalised
+    arguments, a launch plan), keyed by that signature.  ``lookup`` is None for a miss and for an
+    unhashable key (a list argument: never cached); ``store`` clears the memo past ``LIMIT``
+    entries, so a process calling with ever-new shapes cannot grow it without bound."""
+
+    LIMIT = 4096
+
+    def lookup(self, key):
+        try:
+            return self.get(key)
+        except TypeError:
+            return None
+
+    def store(self, key, value):
+        if len(self) > self.LIMIT:
+            self.clear()
+        try:
+            self[key] = value
+        except TypeError:
+            pass
+        return value
 
 _POISON = [False]
 _PLACE = [None]  # (shape, dtype, device) -> contiguous tensor, or None: plain torch.empty

@@ -120,8 +120,6 @@ VNNI_TARGET static void qa_rows(const uint8_t *A, int64_t lda, int64_t rows, con
     }
     if (m < rows) qo_rows(A + m * lda, lda, rows - m, P, kp4, cs, out + m * ldo, ldo, cols, tmp);
 }
-#else
-int tsr_qi8_has_amx(void) { return 0; }
-#endif
+#endif  /* without QI8_AMX, qlinear_int8.c defines tsr_qi8_has_amx as 0 */
 
 #endif /* QI8_AMX_H */

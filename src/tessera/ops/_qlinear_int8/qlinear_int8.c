@@ -496,7 +496,9 @@ _Pragma("omp for schedule(dynamic, 1)")
 #endif
 
 #ifndef QI8_AMX
-#define QI8_AMX 0
+#define QI8_AMX 0   /* not an x86-64 VNNI build, or not Linux (qi8_amx.h) */
+#endif
+#if !QI8_AMX
 int tsr_qi8_has_amx(void) { return 0; }
 #endif
 

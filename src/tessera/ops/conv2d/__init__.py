@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import direct
+from ..._library import SignatureCache, direct, plain
 from ..._registry import Case, OpSpec, bf16_compute_if, register_op, select
 from ... import _cases as C
 from .ref import ACTIVATIONS, conv2d_eager, conv2d_ref, is_channels_last
@@ -78,9 +78,8 @@ def out_hw(x_shape, w_shape, s, pads, d):
     return oh, ow
 
 
-_CHECKED: dict = {}  # signature of an argument set that passed _check -> (oh, ow)
-_NORMALIZED: dict = {}  # the public function's argument signature -> its normalised arguments
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_CHECKED = SignatureCache()     # signature of an argument set that passed _check -> (oh, ow)
+_NORMALIZED = SignatureCache()  # the public function's argument signature -> its normalised arguments
 
 
 def _check(x, weight, bias, stride, pads, dilation, groups, activation):
@@ -90,19 +89,15 @@ def _check(x, weight, bias, stride, pads, dilation, groups, activation):
     key = None
     # plain tensors and parameters only: fake / functional tensors under tracing may carry
     # symbolic sizes, which must not be hashed into a key
-    if type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN):
+    if plain(x, weight) and (bias is None or plain(bias)):
         key = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                stride, pads, dilation, groups, activation)
-        hit = _CHECKED.get(key)
+        hit = _CHECKED.lookup(key)
         if hit is not None:
             return hit
     out = _check_uncached(x, weight, bias, stride, pads, dilation, groups, activation)
-    if key is not None:
-        if len(_CHECKED) > 4096:
-            _CHECKED.clear()
-        _CHECKED[key] = out
-    return out
+    return out if key is None else _CHECKED.store(key, out)
 
 
 def _check_uncached(x, weight, bias, stride, pads, dilation, groups, activation):
@@ -219,14 +214,11 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, p
     """``act(F.conv2d(x, weight, bias, stride, padding, dilation, groups))`` in one kernel; the output
     takes x's memory format (channels-last in, channels-last out)."""
     key = None
-    if type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN):
+    if plain(x, weight) and (bias is None or plain(bias)):
         # the normalisation below depends only on these (types in the key: True must not hit 1)
         key = (x.dim(), weight.shape, type(stride), stride, type(padding), padding, type(dilation), dilation,
                type(groups), groups, activation, backend)
-        try:
-            hit = _NORMALIZED.get(key)
-        except TypeError:   # an unhashable argument (a list): normalised below, every call
-            key = hit = None
+        hit = _NORMALIZED.lookup(key)   # None too for an unhashable argument (a list): never cached
         if hit is not None:
             return direct(_conv2d, _conv2d_impl, x, weight, bias)(x, weight, bias, *hit)
     _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias})
@@ -242,9 +234,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, p
     s, pads, d = normalize(x.shape, weight.shape, stride, padding, dilation)
     rest = (list(s), list(pads), list(d), groups, activation, _checks.backend_arg(OP, backend))
     if key is not None:
-        if len(_NORMALIZED) > 4096:
-            _NORMALIZED.clear()
-        _NORMALIZED[key] = rest
+        _NORMALIZED.store(key, rest)
     return direct(_conv2d, _conv2d_impl, x, weight, bias)(x, weight, bias, *rest)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ... import _library, dispatch
-from ..._library import as_fp32_param, new_output
+from ..._library import SignatureCache, as_fp32_param, new_output
 from ...backends import cpu
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -148,17 +148,13 @@ class _Plan:
             (self.dwk or (not any(pads) and x.dtype == torch.float32))
 
 
-_PLANS: dict = {}
+_PLANS = SignatureCache()
 
 
 def _plan(x, weight, stride, pads, dilation, groups) -> _Plan:
     key = (x.shape, x.stride(), x.dtype, weight.shape, stride, pads, dilation, groups)
-    p = _PLANS.get(key)
-    if p is None:
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        p = _PLANS[key] = _Plan(x, weight, stride, pads, dilation, groups)
-    return p
+    p = _PLANS.lookup(key)
+    return p if p is not None else _PLANS.store(key, _Plan(x, weight, stride, pads, dilation, groups))
 
 
 def forward(x, weight, bias, stride, pads, dilation, groups, activation):

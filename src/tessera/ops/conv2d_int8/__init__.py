@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import contiguous, direct
+from ..._library import SignatureCache, contiguous, direct, plain
 from ..._registry import select
 from .._qlinear_int8 import MAX_K
 from .._requant.ref import conv_forward as _ref_rows
@@ -105,9 +105,8 @@ def _channels_last(x):
 # arguments, so a signature that passed once is remembered: the checks cost ~40 us of a ~100 us
 # call, a few ms of a quantized MobileNetV2's 52 convs.  Plain tensors only (a fake / functional
 # tensor under tracing may carry symbolic sizes); types in the keys (True == 1 must not hit 1).
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_CHECKED: dict = {}
-_NORMALIZED: dict = {}
+_CHECKED = SignatureCache()
+_NORMALIZED = SignatureCache()
 
 
 def _meta(t):
@@ -117,21 +116,16 @@ def _meta(t):
 def _checked_geometry(x, x_zero_point, weight, bias, multiplier, shift, stride, padding, dilation, groups):
     """_check, then geometry's (stride, padding, dilation, Ho, Wo), through _CHECKED."""
     key = None
-    if type(x) in _PLAIN and type(weight) in _PLAIN and type(multiplier) in _PLAIN and type(shift) in _PLAIN \
-            and (bias is None or type(bias) in _PLAIN):
+    if plain(x, weight, multiplier, shift) and (bias is None or plain(bias)):
         key = (_meta(x), type(x_zero_point), x_zero_point, _meta(weight), _meta(bias), _meta(multiplier),
                _meta(shift), tuple(stride), tuple(padding), tuple(dilation), type(groups), groups)
-        hit = _CHECKED.get(key)
+        hit = _CHECKED.lookup(key)
         if hit is not None:
             check_shift_values(OP, shift, torch.int32 if x.dtype == torch.int8 else torch.int64)
             return hit
     _check(x, x_zero_point, weight, bias, multiplier, shift, groups)
     g = geometry(x, weight, stride, padding, dilation, groups)
-    if key is not None:
-        if len(_CHECKED) > 4096:
-            _CHECKED.clear()
-        _CHECKED[key] = g
-    return g
+    return g if key is None else _CHECKED.store(key, g)
 
 
 def _impl(x: Tensor, x_zero_point: int, weight: Tensor, bias: Optional[Tensor], multiplier: Tensor, shift: Tensor,
@@ -179,16 +173,12 @@ def conv2d_int8(x: Tensor, x_zero_point: int, weight: Tensor, bias: Optional[Ten
                 backend: Optional[str] = None) -> Tensor:
     """Integer-only conv2d: requantize(conv(x - x_zp, w) + bias) (module docstring)."""
     key = None
-    if type(x) in _PLAIN and type(weight) in _PLAIN:   # see _CHECKED
+    if plain(x, weight):   # see _CHECKED
         key = (x.dtype, weight.shape, type(out_zero_point), out_zero_point, type(qmin), qmin, type(qmax), qmax,
                rounding, out_dtype, type(stride), stride, type(padding), padding, type(dilation), dilation,
                type(groups), groups, backend)
-        try:
-            hit = _NORMALIZED.get(key)
-        except TypeError:   # an unhashable argument (a list): normalised below, every call
-            key = hit = None
-        if hit is not None and type(multiplier) in _PLAIN and type(shift) in _PLAIN \
-                and (bias is None or type(bias) in _PLAIN):
+        hit = _NORMALIZED.lookup(key)   # None too for an unhashable argument (a list): never cached
+        if hit is not None and plain(multiplier, shift) and (bias is None or plain(bias)):
             return direct(_op, _impl, x, weight, bias, multiplier, shift)(x, x_zero_point, weight, bias, multiplier,
                                                                           shift, out_zero_point, *hit)
     _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias, "multiplier": multiplier, "shift": shift})
@@ -206,9 +196,7 @@ def conv2d_int8(x: Tensor, x_zero_point: int, weight: Tensor, bias: Optional[Ten
                                  (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
     rest = (stride, padding, dilation, groups, qmin, qmax, rounding, out_dtype, _checks.backend_arg(OP, backend))
     if key is not None:
-        if len(_NORMALIZED) > 4096:
-            _NORMALIZED.clear()
-        _NORMALIZED[key] = rest
+        _NORMALIZED.store(key, rest)
     return direct(_op, _impl, x, weight, bias, multiplier, shift)(x, x_zero_point, weight, bias, multiplier, shift,
                                                                   out_zero_point, *rest)
 
