@@ -6,7 +6,8 @@ A tiny eager ``tessera.silu`` cost ~14 us where ``F.silu`` costs ~1.2 us (layer_
 ``torch.empty`` alone costs ~1 us from Python.  So for the one case that dominates inference
 (contiguous CPU tensors, the cpu backend picked automatically), ``silu``, ``gelu``,
 ``swiglu``, ``geglu``, ``softmax``, ``layer_norm``, ``rms_norm`` and ``int_mm`` run their
-undecorated body in C++: ATen allocates the outputs and the same C kernel entry point is
+undecorated body in C++ (``conv2d`` too, by replaying what its Python body did for the same
+signature: ``csrc/fastpath_conv2d.h``): ATen allocates the outputs and the same C kernel entry point is
 called with the same arguments as the Python launcher.  Everything else goes to the Python
 body unchanged (the C++ function calls it), and :func:`tessera._library.direct` decides, as
 before, whether the body may run outside the custom op at all, so autograd, compile/export,
@@ -48,7 +49,12 @@ _OPS = {
     "swiglu": ("tessera.ops.swiglu", "_swiglu_impl"),
     "geglu": ("tessera.ops.geglu", "_geglu_impl"),
     "int_mm": ("tessera.ops.int_mm", "_int_mm_impl"),
+    "conv2d": ("tessera.ops.conv2d", "_conv2d_impl"),
 }
+# what the dispatch rule reads (tessera.dispatch): the C++ conv2d twin replays a learned route only
+# while none of these was replaced (csrc/fastpath_conv2d.h); thresholds()'s result is checked too
+_CONV2D_RULE = ("thresholds", "defaults", "cpu_vendor", "mode", "route", "use_vendor", "conv_nk_min", "conv2d",
+                "MIN_M", "NCHW_VENDOR_DTYPES", "CONV_NK_MIN", "CONV_NK_MIN_BY_VENDOR", "DEFAULTS", "DEFAULTS_INTEL")
 
 
 def module():
@@ -76,6 +82,14 @@ def calls() -> int:
     """How many calls the C++ bodies have run in this process (0 without the extension)."""
     mod = _STATE.get("module")
     return mod.calls() if mod is not None else 0
+
+
+def conv2d_learner():
+    """The extension's ``learn_conv2d`` (ops/conv2d/cpu.py tells it what each Python-path forward
+    did, for the C++ twin to replay on the same signature), or None without the extension.  A
+    vendor-route conv launches no kernel, so this is also where such a model loads it."""
+    mod = module()
+    return mod.learn_conv2d if mod is not None else None
 
 
 def note(name: str, isa: str, address: int) -> None:
@@ -127,6 +141,8 @@ def _load():
         mod.note(*where, address)
     for op, impl in impls.items():
         _library._FAST[impl] = getattr(mod, op)
+    from . import dispatch
+    mod.configure_conv2d(dispatch, _CONV2D_RULE)
     mod.configure_gate(_library, os, _library._PROCESS_ENVIRON, torch.nn.Parameter)
     _library._GATE[0] = mod.gate
     return mod, ""

@@ -32,19 +32,26 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <array>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
 namespace {
 
 // kernels (C entry points) and the Python bodies they stand in for
-enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, GLU_FWD, QI8_MM, NSLOTS };
+enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, GLU_FWD, QI8_MM, CONV_FWD, CONV_FWD_DW, CONV_PACK,
+            NSLOTS };
 const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_norm_fwd", "tsr_rms_norm_fwd",
-                                  "tsr_glu_fwd", "tsr_qi8_mm"};
-enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, NBODIES };
+                                  "tsr_glu_fwd", "tsr_qi8_mm", "tsr_conv2d_fwd", "tsr_conv2d_fwd_dw",
+                                  "tsr_conv2d_pack"};
+enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, NBODIES };
 enum ActKind { KIND_SILU = 0, KIND_GELU = 1, KIND_GELU_TANH = 2 };  // ops/_elementwise: SILU, GELU, GELU_TANH
 
 struct Kernel {
@@ -69,6 +76,24 @@ bool is_cpu_request(PyObject *s) {
   return PyUnicode_Check(s) && (PyUnicode_GET_LENGTH(s) == 0 || PyUnicode_CompareWithASCIIString(s, "cpu") == 0);
 }
 
+// Would the backend _registry.select() picks run on the cpu kernels now?  use_backend() first,
+// then TESSERA_BACKEND; "" is automatic (cpu, on a CPU tensor) and "cpu" asks for it by name.
+bool cpu_chosen() {
+  if (g_override) {
+    PyObject *v = nullptr;
+    if (PyContextVar_Get(g_override, nullptr, &v) < 0) {
+      PyErr_Clear();
+      return false;
+    }
+    int ok = v && is_cpu_request(v);
+    bool set = v && PyUnicode_Check(v) && PyUnicode_GET_LENGTH(v) > 0;
+    Py_XDECREF(v);
+    if (set) return ok;
+  }
+  const char *env = std::getenv("TESSERA_BACKEND");
+  return !(env && *env && std::strcmp(env, "cpu") != 0);
+}
+
 // The kernel of `slot` when the cpu backend would run it now, else null.
 void *kernel(Slot slot) {
   const char *forced = std::getenv("TESSERA_CPU_ISA");
@@ -76,23 +101,7 @@ void *kernel(Slot slot) {
   void *fn = nullptr;
   for (const Kernel &k : g_kernels[slot])
     if (k.fn != nullptr && k.isa == isa) fn = k.fn;
-  if (fn == nullptr) return nullptr;
-  // the backend _registry.select() would pick: use_backend() first, then TESSERA_BACKEND; "" is
-  // automatic (cpu, on a CPU tensor, where its kernel was built) and "cpu" asks for it by name
-  if (g_override) {
-    PyObject *v = nullptr;
-    if (PyContextVar_Get(g_override, nullptr, &v) < 0) {
-      PyErr_Clear();
-      return nullptr;
-    }
-    int ok = v && is_cpu_request(v);
-    bool set = v && PyUnicode_Check(v) && PyUnicode_GET_LENGTH(v) > 0;
-    Py_XDECREF(v);
-    if (set) return ok ? fn : nullptr;
-  }
-  const char *env = std::getenv("TESSERA_BACKEND");
-  if (env && *env && std::strcmp(env, "cpu") != 0) return nullptr;
-  return fn;
+  return fn != nullptr && cpu_chosen() ? fn : nullptr;
 }
 
 
@@ -364,6 +373,8 @@ py::object rms_norm(py::handle x_obj, py::handle w_obj, py::handle r_obj, py::ha
   return py::handle(g_impl[RMS_NORM])(x_obj, w_obj, r_obj, eps_obj, backend);
 }
 
+#include "fastpath_conv2d.h"
+
 // note(name, isa, address): a kernel entry point cpu.declare() has resolved; unknown names are ignored
 void note(const std::string &name, const std::string &isa, uint64_t address) {
   for (int s = 0; s < NSLOTS; s++) {
@@ -381,7 +392,7 @@ void note(const std::string &name, const std::string &isa, uint64_t address) {
 void configure(const std::string &best_isa, int64_t nt_min_bytes, int64_t parallel_min, int64_t softmax_scratch,
                int64_t qi8_max_k, py::object override_var, py::dict impls) {
   static const char *names[NBODIES] = {"silu", "softmax", "layer_norm", "rms_norm", "gelu", "swiglu", "geglu",
-                                       "int_mm"};
+                                       "int_mm", "conv2d"};
   g_qi8_max_k = qi8_max_k;
   g_best_isa = best_isa;
   g_nt_min_bytes = nt_min_bytes;
@@ -490,7 +501,10 @@ PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 #define TSR_BODY(name, n) {#name, (PyCFunction)(void (*)(void))fastcall<n, name>, METH_FASTCALL, nullptr}
 PyMethodDef g_bodies[] = {TSR_BODY(silu, 2),       TSR_BODY(softmax, 3), TSR_BODY(layer_norm, 6),
                           TSR_BODY(rms_norm, 5),   TSR_BODY(gelu, 3),    TSR_BODY(swiglu, 3),
-                          TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),  {nullptr, nullptr, 0, nullptr}};
+                          TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),
+                          // (conv2d is a METH_FASTCALL function itself: fastpath_conv2d.h)
+                          {"conv2d", (PyCFunction)(void (*)(void))conv2d, METH_FASTCALL, nullptr},
+                          {nullptr, nullptr, 0, nullptr}};
 #undef TSR_BODY
 
 }  // namespace
@@ -503,4 +517,7 @@ PYBIND11_MODULE(_tsr_fastpath, m) {
   for (PyMethodDef *d = g_bodies; d->ml_name; d++)
     m.add_object(d->ml_name, py::reinterpret_steal<py::object>(PyCFunction_NewEx(d, nullptr, nullptr)));
   m.def("calls", [] { return g_calls; });
+  m.def("configure_conv2d", &configure_conv2d);
+  m.def("learn_conv2d", &learn_conv2d);
+  m.def("conv2d_learned", &conv2d_learned);
 }
