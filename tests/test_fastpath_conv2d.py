@@ -115,6 +115,22 @@ def test_weight_updates_and_new_weights_are_seen(fast):
             _same(tessera.conv2d(x, w3, bias, **kw), _python_forward(x, w3, bias, kw, None), "after gc")
 
 
+def test_layers_of_one_signature_each_replay_their_own_weight(fast):
+    """A network repeats a signature in many layers (MobileNetV2: 28 of its 52 convs): each layer
+    is replayed with its own packed weight, none evicts another."""
+    x = _rand((1, 16, 7, 7), seed=9, cl=True)
+    layers = [(_rand((16, 16, 1, 1), seed=10 + i), {}) for i in range(3)] + \
+             [(_rand((16, 1, 3, 3), seed=20 + i), dict(groups=16, padding=1)) for i in range(3)]
+    with torch.no_grad():
+        for w, kw in layers:
+            tessera.conv2d(x, w, **kw)
+        before = fast.calls()
+        for _ in range(2):
+            for w, kw in layers:
+                _same(tessera.conv2d(x, w, **kw), _python_forward(x, w, None, kw, None), str(kw))
+        assert fast.calls() == before + 2 * len(layers)
+
+
 def test_rule_changes_and_backend_requests_reach_python(fast, monkeypatch):
     x, w = _rand((1, 16, 14, 14), seed=5, cl=True), _rand((32, 16, 1, 1), seed=6)
     monkeypatch.delenv("TESSERA_DISPATCH", raising=False)

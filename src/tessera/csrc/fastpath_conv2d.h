@@ -11,8 +11,9 @@
 // the in-place relu / relu6), or the kernel launch (which kernel, the packing geometry, the
 // packed weight).  A later call with the same signature replays that here.  The signature is
 // everything the Python decision reads: x's sizes and strides, the dtypes, weight's and bias's
-// sizes, the conv's arguments, the activation and TESSERA_DISPATCH; the backend request and
-// TESSERA_BACKEND / use_backend() / TESSERA_CPU_ISA are checked as for the other ops (kernel()).
+// sizes, the conv's arguments, the activation and TESSERA_DISPATCH, and which weight tensor (one
+// entry per layer); the backend request and TESSERA_BACKEND / use_backend() / TESSERA_CPU_ISA are
+// checked as for the other ops (kernel()).
 // The dispatch rule's inputs in Python (dispatch.thresholds() and the module's rule functions
 // and constants) are snapshotted by identity: if any was replaced (a test's monkeypatch, a
 // calibration re-read), every learned route is dropped.  A kernel route also holds the weight's
@@ -161,7 +162,11 @@ bool conv_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tensor
   if (PyErr_Occurred()) return PyErr_Clear(), false;
   k[i++] = act;
   k[i++] = mode;
-  return i == CONV_KEY_LEN - 1;  // (the last field stays 0: room for one more)
+  // the weight tensor too: a network repeats a signature in many layers (MobileNetV2: 28 of 52
+  // convs), each replaying its own packed weight.  (A vendor route reads no weight state; a
+  // kernel route checks its stamp, so an address reused by a new tensor is a miss, never stale.)
+  k[i++] = (int64_t)(uintptr_t)w.unsafeGetTensorImpl();
+  return i == CONV_KEY_LEN;
 }
 
 bool in_layout(const at::Tensor &t, int cl) {  // dispatch._in_kernel_layout
