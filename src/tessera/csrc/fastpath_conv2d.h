@@ -207,10 +207,15 @@ at::Tensor conv_vendor(const ConvEntry &e, const at::Tensor &x, const at::Tensor
 
 // the kernel route: pack x unless it is read in place, then the dense or depthwise kernel
 // (the calls of cpu.py's _pack / _conv, argument for argument); undefined if it cannot run
+// is w still the weight a kernel route packed (_library.per_tensor's stamp)?
+bool weight_current(const ConvEntry &e, const at::Tensor &w) {
+  return !w.is_inference() && w.unsafeGetTensorImpl() == e.w_impl && e.w_ref && !e.w_ref->expired() &&
+         w._version() == e.w_version && w.data_ptr() == e.w_data && w.strides().equals(e.w_strides) &&
+         e.wp_ref && !e.wp_ref->expired();
+}
+
 at::Tensor conv_kernel(const ConvEntry &e, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
-  if (w.is_inference() || w.unsafeGetTensorImpl() != e.w_impl || !e.w_ref || e.w_ref->expired() ||
-      w._version() != e.w_version || w.data_ptr() != e.w_data || !w.strides().equals(e.w_strides))
-    return at::Tensor();
+  if (!weight_current(e, w)) return at::Tensor();
   c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> wp_impl = e.wp_ref->lock();
   void *fn = kernel(e.route == CONV_DW ? CONV_FWD_DW : CONV_FWD), *pack = e.view ? nullptr : kernel(CONV_PACK);
   if (!wp_impl || !fn || (!e.view && !pack)) return at::Tensor();
@@ -298,7 +303,12 @@ bool learn_conv2d(py::tuple args, py::object count_key, int route, py::object wp
   ConvKey k{};
   int act = 0;
   if (!conv_signature(a, x, w, b, k, act)) return false;
-  conv_rules_current(true);
+  // a training step runs the Python body (autograd) on every call: an entry that is still what it
+  // would record is kept, not rebuilt
+  auto it = conv_rules_current(true) ? g_conv_table->find(k) : g_conv_table->end();
+  if (it != g_conv_table->end() && it->second->route == route &&
+      (route == CONV_VENDOR || weight_current(*it->second, w)))
+    return true;
   if (g_conv_table->size() >= CONV_TABLE_MAX) g_conv_table->clear();
   auto held = std::make_shared<ConvEntry>();
   ConvEntry &e = *held;
