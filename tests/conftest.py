@@ -18,6 +18,7 @@ os.environ.setdefault("TESSERA_DISPATCH", "kernel")
 # workers share two cores (measured: ~40% of the interpreted attention kernels' CPU time).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.manual_seed(0)
@@ -61,3 +62,19 @@ def pytest_collection_modifyitems(config, items):
         import json
         with open(path, "w") as f:
             json.dump({"fuzz_run": _fuzz_run(config), "tests": report}, f)
+
+
+# ---------------------------------------------------------------- the C++ fast path
+@pytest.fixture(scope="module")
+def fast():
+    """tessera._fastpath, built and loaded (tests/test_fastpath*.py); skipped only where it is
+    turned off or torch's headers are missing, a failure where it should have built."""
+    import tessera
+    from tessera import _fastpath
+    tessera.silu(torch.randn(2, 3))  # the first cpu launch builds and loads the extensions
+    if _fastpath.module() is None:
+        why = _fastpath.status()
+        if "TESSERA_FASTPATH=0" in why or "headers" in why:
+            pytest.skip(why)
+        pytest.fail(f"the C++ fast path did not build here: {why}")
+    return _fastpath

@@ -16,21 +16,10 @@ import pytest
 import torch
 
 import tessera
-from tessera import _env, _fastcall, _fastpath, _library
+from tessera import _env, _fastcall, _library
 from tessera.ops import layer_norm as LN, rms_norm as RMS, silu as SILU, softmax as SM
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def fast():
-    tessera.silu(torch.randn(2, 3))  # the first cpu launch builds and loads the extensions
-    if _fastpath.module() is None:
-        why = _fastpath.status()
-        if "TESSERA_FASTPATH=0" in why or "headers" in why:
-            pytest.skip(why)
-        pytest.fail(f"the C++ fast path did not build here: {why}")
-    return _fastpath
 
 
 def _rand(shape, dtype, seed):

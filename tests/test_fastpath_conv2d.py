@@ -13,19 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import tessera
-from tessera import _fastpath, _library, dispatch
+from tessera import _library, dispatch
 from tessera.ops.conv2d import cpu as conv_cpu
-
-
-@pytest.fixture(scope="module")
-def fast():
-    tessera.silu(torch.randn(2, 3))  # the first cpu launch builds and loads the extension
-    if _fastpath.module() is None:
-        why = _fastpath.status()
-        if "TESSERA_FASTPATH=0" in why or "headers" in why:
-            pytest.skip(why)
-        pytest.fail(f"the C++ fast path did not build here: {why}")
-    return _fastpath
 
 
 def _rand(shape, dtype=torch.float32, seed=0, cl=False):
