@@ -50,6 +50,7 @@ _OPS = {
     "geglu": ("tessera.ops.geglu", "_geglu_impl"),
     "int_mm": ("tessera.ops.int_mm", "_int_mm_impl"),
     "conv2d": ("tessera.ops.conv2d", "_conv2d_impl"),
+    "conv2d_int8": ("tessera.ops.conv2d_int8", "_impl"),
 }
 # what the dispatch rule reads (tessera.dispatch): the C++ conv2d twin replays a learned route only
 # while none of these was replaced (csrc/fastpath_conv2d.h); thresholds()'s result is checked too
@@ -90,6 +91,13 @@ def conv2d_learner():
     vendor-route conv launches no kernel, so this is also where such a model loads it."""
     mod = module()
     return mod.learn_conv2d if mod is not None else None
+
+
+def conv2d_int8_learner():
+    """The extension's ``learn_conv2d_int8`` (ops/_requant/cpu.py's conv_forward tells it what
+    each Python-path call did: csrc/fastpath_conv2d_int8.h), or None without the extension."""
+    mod = module()
+    return mod.learn_conv2d_int8 if mod is not None else None
 
 
 def note(name: str, isa: str, address: int) -> None:

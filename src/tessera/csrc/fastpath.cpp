@@ -24,6 +24,7 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/python.h>
@@ -47,11 +48,12 @@ namespace {
 
 // kernels (C entry points) and the Python bodies they stand in for
 enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, GLU_FWD, QI8_MM, CONV_FWD, CONV_FWD_DW, CONV_PACK,
-            NSLOTS };
+            RQ_MM, RQ_IM2COL, RQ_TRANSPOSE, RQ_DW, RQ_DW_K3, NSLOTS };
 const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_norm_fwd", "tsr_rms_norm_fwd",
                                   "tsr_glu_fwd", "tsr_qi8_mm", "tsr_conv2d_fwd", "tsr_conv2d_fwd_dw",
-                                  "tsr_conv2d_pack"};
-enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, NBODIES };
+                                  "tsr_conv2d_pack", "tsr_qi8_mm_rq", "tsr_im2col", "tsr_transpose_i8",
+                                  "tsr_dw_requant", "tsr_dw_requant_k3"};
+enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, CONV2D_INT8, NBODIES };
 enum ActKind { KIND_SILU = 0, KIND_GELU = 1, KIND_GELU_TANH = 2 };  // ops/_elementwise: SILU, GELU, GELU_TANH
 
 struct Kernel {
@@ -374,6 +376,7 @@ py::object rms_norm(py::handle x_obj, py::handle w_obj, py::handle r_obj, py::ha
 }
 
 #include "fastpath_conv2d.h"
+#include "fastpath_conv2d_int8.h"
 
 // note(name, isa, address): a kernel entry point cpu.declare() has resolved; unknown names are ignored
 void note(const std::string &name, const std::string &isa, uint64_t address) {
@@ -392,7 +395,7 @@ void note(const std::string &name, const std::string &isa, uint64_t address) {
 void configure(const std::string &best_isa, int64_t nt_min_bytes, int64_t parallel_min, int64_t softmax_scratch,
                int64_t qi8_max_k, py::object override_var, py::dict impls) {
   static const char *names[NBODIES] = {"silu", "softmax", "layer_norm", "rms_norm", "gelu", "swiglu", "geglu",
-                                       "int_mm", "conv2d"};
+                                       "int_mm", "conv2d", "conv2d_int8"};
   g_qi8_max_k = qi8_max_k;
   g_best_isa = best_isa;
   g_nt_min_bytes = nt_min_bytes;
@@ -502,8 +505,9 @@ PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 PyMethodDef g_bodies[] = {TSR_BODY(silu, 2),       TSR_BODY(softmax, 3), TSR_BODY(layer_norm, 6),
                           TSR_BODY(rms_norm, 5),   TSR_BODY(gelu, 3),    TSR_BODY(swiglu, 3),
                           TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),
-                          // (conv2d is a METH_FASTCALL function itself: fastpath_conv2d.h)
+                          // (conv2d and conv2d_int8 are METH_FASTCALL functions themselves: fastpath_conv2d*.h)
                           {"conv2d", (PyCFunction)(void (*)(void))conv2d, METH_FASTCALL, nullptr},
+                          {"conv2d_int8", (PyCFunction)(void (*)(void))conv2d_int8, METH_FASTCALL, nullptr},
                           {nullptr, nullptr, 0, nullptr}};
 #undef TSR_BODY
 
@@ -520,4 +524,6 @@ PYBIND11_MODULE(_tsr_fastpath, m) {
   m.def("configure_conv2d", &configure_conv2d);
   m.def("learn_conv2d", &learn_conv2d);
   m.def("conv2d_learned", &conv2d_learned);
+  m.def("learn_conv2d_int8", &learn_conv2d_int8);
+  m.def("conv2d_int8_learned", &conv2d_int8_learned);
 }

@@ -25,8 +25,9 @@
 enum ConvRoute { CONV_VENDOR = 0, CONV_DENSE = 1, CONV_DW = 2 };
 constexpr size_t CONV_KEY_LEN = 28;
 using ConvKey = std::array<int64_t, CONV_KEY_LEN>;
-struct ConvKeyHash {
-  size_t operator()(const ConvKey &k) const {
+template <size_t N>
+struct KeyHash {
+  size_t operator()(const std::array<int64_t, N> &k) const {
     uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
     for (int64_t e : k) h = (h ^ (uint64_t)e) * 1099511628211ull;
     return (size_t)h;
@@ -34,16 +35,36 @@ struct ConvKeyHash {
 };
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
+// which tensor a learned route read, and its state then (_library.per_tensor's stamp: the tensor,
+// its version counter, data pointer and strides): still current only for that same, live,
+// unchanged tensor (an address reused by a new tensor is a miss, never a stale replay)
+struct Stamp {
+  std::optional<WeakImpl> ref;
+  const c10::TensorImpl *impl = nullptr;
+  int64_t version = 0;
+  const void *data = nullptr;
+  std::vector<int64_t> strides;
+
+  void take(const at::Tensor &t) {  // t must not be an inference tensor (no version counter)
+    ref = WeakImpl(t.getIntrusivePtr());
+    impl = t.unsafeGetTensorImpl();
+    version = t._version();
+    data = t.data_ptr();
+    strides = t.strides().vec();
+  }
+  bool current(const at::Tensor &t) const {
+    return !t.is_inference() && t.unsafeGetTensorImpl() == impl && ref && !ref->expired() && t._version() == version &&
+           t.data_ptr() == data && t.strides().equals(strides);
+  }
+};
+
 struct ConvEntry {
   int route = CONV_VENDOR, act = 0, cl = 0;
   py::object count_key;                      // dispatch.counts' key (op, route), counted per call
   int64_t s[2] = {1, 1}, p[2] = {0, 0}, d[2] = {1, 1}, groups = 1;  // vendor: F.conv2d's
   // kernel: the packed weight and the stamp of the weight it was packed from
-  std::optional<WeakImpl> w_ref, wp_ref;
-  const c10::TensorImpl *w_impl = nullptr;
-  int64_t w_version = 0;
-  const void *w_data = nullptr;
-  std::vector<int64_t> w_strides;
+  Stamp w;
+  std::optional<WeakImpl> wp_ref;
   // kernel geometry (ops/conv2d/cpu.py's _learn documents each field)
   int64_t view = 0, Hs = 0, Ws = 0, sub_h = 1, sub_w = 1, Hd = 0, Wd = 0, off_h = 0, off_w = 0, cop = 0, K = 0,
           M = 0, KH = 0, KW = 0, ks_h = 1, ks_w = 1, kd_h = 1, kd_w = 1, vp_t = 0, vp_l = 0, OH = 0, OW = 0,
@@ -52,7 +73,7 @@ struct ConvEntry {
 constexpr size_t CONV_TABLE_MAX = 4096;  // like _library.SignatureCache: cleared past this
 // never destroyed: its Python references must not be released after the interpreter, at exit
 // (shared entries: a call holds its own while it runs without the GIL, whatever the table does)
-auto *g_conv_table = new std::unordered_map<ConvKey, std::shared_ptr<ConvEntry>, ConvKeyHash>();
+auto *g_conv_table = new std::unordered_map<ConvKey, std::shared_ptr<ConvEntry>, KeyHash<CONV_KEY_LEN>>();
 
 struct ConvRules {
   PyObject *globals = nullptr;     // tessera.dispatch's module dict
@@ -209,9 +230,7 @@ at::Tensor conv_vendor(const ConvEntry &e, const at::Tensor &x, const at::Tensor
 // (the calls of cpu.py's _pack / _conv, argument for argument); undefined if it cannot run
 // is w still the weight a kernel route packed (_library.per_tensor's stamp)?
 bool weight_current(const ConvEntry &e, const at::Tensor &w) {
-  return !w.is_inference() && w.unsafeGetTensorImpl() == e.w_impl && e.w_ref && !e.w_ref->expired() &&
-         w._version() == e.w_version && w.data_ptr() == e.w_data && w.strides().equals(e.w_strides) &&
-         e.wp_ref && !e.wp_ref->expired();
+  return e.w.current(w) && e.wp_ref && !e.wp_ref->expired();
 }
 
 at::Tensor conv_kernel(const ConvEntry &e, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
@@ -329,12 +348,8 @@ bool learn_conv2d(py::tuple args, py::object count_key, int route, py::object wp
     int64_t *f[] = {&e.view, &e.Hs, &e.Ws, &e.sub_h, &e.sub_w, &e.Hd, &e.Wd, &e.off_h, &e.off_w, &e.cop, &e.K, &e.M,
                     &e.KH, &e.KW, &e.ks_h, &e.ks_w, &e.kd_h, &e.kd_w, &e.vp_t, &e.vp_l, &e.OH, &e.OW, &e.cout};
     for (size_t i = 0; i < geom.size(); i++) *f[i] = geom[i].cast<int64_t>();
-    e.w_ref = WeakImpl(w.getIntrusivePtr());
+    e.w.take(w);
     e.wp_ref = WeakImpl(wp.getIntrusivePtr());
-    e.w_impl = w.unsafeGetTensorImpl();
-    e.w_version = w._version();
-    e.w_data = w.data_ptr();
-    e.w_strides = w.strides().vec();
   }
   (*g_conv_table)[k] = std::move(held);
   return true;

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
+from ... import _fastpath, _library
 from ..._library import contiguous, new_output, per_tensor
 from ...backends import cpu
 from .._qlinear_int8.cpu import int_mm_requant
-from .ref import DTYPES  # noqa: F401
+from .ref import DTYPES, SHIFT_RANGE  # noqa: F401  (DTYPES: the backend module's)
 
 _SRC = Path(__file__).with_name("requant.c")
 ROUNDING = {"double": 0, "single": 1}
@@ -121,6 +122,9 @@ def _offset_for(weight, kind, wsum, bias, x_zero_point, derive=None):
     every call of a quantized model's layers.  The entry holds a reference to the bias it was made
     for and checks identity, version and address, so a bias changed in place, or a new bias
     tensor, rebuilds it; one entry per x_zp (a few at most), never read back after a change."""
+    if bias is not None and bias.is_inference():   # no version counter to stamp: derived on each call
+        off = _offset(wsum, bias, x_zero_point)
+        return (off, derive(off)) if derive is not None else off
     memo = per_tensor(weight, (kind, "offset"), dict)
     stamp = None if bias is None else (bias._version, bias.data_ptr())
     hit = memo.get(x_zero_point)
@@ -138,51 +142,85 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
                  stride, padding, dilation, groups, Ho, Wo):
     """x [N, C, H, W] int8/int16 (any strides); weight [O, C/g, kh, kw] int8 contiguous.
     Returns channels-last rows [N*Ho*Wo, O]."""
+    args = (x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, stride, padding, dilation, groups, qmin,
+            qmax, rounding, out_dtype)
     Nb = x.shape[0]
     O, Cg, kh, kw = weight.shape
     out = new_output((Nb * Ho * Wo, O), out_dtype, x.device)
     if out.numel() == 0:
         return out
-    if kh == kw == 1 and not any(padding) and tuple(stride) != (1, 1):
+    sub = kh == kw == 1 and not any(padding) and tuple(stride) != (1, 1)
+    if sub:
         # a strided 1x1 conv reads every stride-th pixel: subsample first (a view), so the layout copy
         # below moves only those
         x, stride = x[:, :, ::stride[0], ::stride[1]], (1, 1)
-    if Cg == 1 and groups == O and groups > 1:
-        return _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding,
-                          out, stride, padding, dilation, Ho, Wo)
-    # channels-last x (unit channel stride): each tap is Cg contiguous channels, gathered with one
-    # memcpy, in (ky, kx, c) column order -- the weight is permuted to match (O * K bytes, small)
+    depthwise = Cg == 1 and groups == O and groups > 1
+    # channels-last x (unit channel stride): depthwise, the channel loop is unit-stride (vectorised);
+    # otherwise each tap is Cg contiguous channels, gathered with one memcpy, in (ky, kx, c) column
+    # order -- the weight is permuted to match (O * K bytes, small)
     order = int(Cg > 1)
-    if order:
-        # NCHW x: one transposing copy to channels-last (N*C*H*W elements, ~1/(kh*kw) of the im2col
-        # rows it feeds) buys the memcpy gather; the per-element NCHW gather was ~15x slower
-        x = _channels_last(x)
+    xc = _channels_last(x) if depthwise or order else x
+    # NCHW x: one transposing copy to channels-last (N*C*H*W elements, ~1/(kh*kw) of the im2col
+    # rows it feeds) buys the memcpy gather; the per-element NCHW gather was ~15x slower
+    pre, x = xc is not x, xc
+    if depthwise:
+        route, held = _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax,
+                                 rounding, out, stride, padding, dilation, Ho, Wo)
+        _learn(args, route, (sub, pre, 0, 0, Ho, Wo), held)
+        return out
     xr = x.permute(0, 2, 3, 1)
-    if kh == kw == 1 and order and not any(padding) and tuple(stride) == (1, 1) and xr.is_contiguous():
-        cols = xr.view(Nb * Ho * Wo, -1)   # a pointwise conv of channels-last x: its rows already are the columns
-    else:
+    gather = not (kh == kw == 1 and order and not any(padding) and tuple(stride) == (1, 1) and xr.is_contiguous())
+    if gather:
         cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
+    else:
+        cols = xr.view(Nb * Ho * Wo, -1)   # a pointwise conv of channels-last x: its rows already are the columns
     w2, wsum = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
     off = _offset_for(weight, ("conv2d_int8", order), wsum, bias, x_zero_point)
     r = ROUNDING[rounding]
     if groups == 1:   # no per-group views (five of them were ~6 us a call)
-        return int_mm_requant(cols, w2, multiplier, shift, off, out_zero_point, qmin, qmax, r, out)
-    Og, Kg = O // groups, Cg * kh * kw
-    per_ch = multiplier.numel() > 1
-    for g in range(groups):
-        o0, o1 = g * Og, (g + 1) * Og
-        int_mm_requant(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1], multiplier[o0:o1] if per_ch else multiplier,
-                       shift[o0:o1] if per_ch else shift, off[o0:o1], out_zero_point, qmin, qmax, r, out[:, o0:o1])
+        int_mm_requant(cols, w2, multiplier, shift, off, out_zero_point, qmin, qmax, r, out)
+    else:
+        Og, Kg = O // groups, Cg * kh * kw
+        per_ch = multiplier.numel() > 1
+        for g in range(groups):
+            o0, o1 = g * Og, (g + 1) * Og
+            int_mm_requant(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1], multiplier[o0:o1] if per_ch else multiplier,
+                           shift[o0:o1] if per_ch else shift, off[o0:o1], out_zero_point, qmin, qmax, r,
+                           out[:, o0:o1])
+    _learn(args, GEMM, (sub, pre, gather, order, Ho, Wo), (w2, off))
     return out
+
+
+# what conv_forward did, for the C++ twin of conv2d_int8's body (csrc/fastpath_conv2d_int8.h)
+GEMM, DEPTHWISE_K3, DEPTHWISE = 1, 2, 3
+
+
+def _learn(args, route, flags, held):
+    """Tell the C++ twin what this call did, so the next call of its signature replays it there
+    (~60 us of Python glue a call otherwise: most of a batch-1 MobileNetV2 layer).  route: GEMM,
+    DEPTHWISE_K3 or DEPTHWISE; flags: (x subsampled (strided 1x1), x made channels-last when it
+    was not, im2col (else x's rows are the GEMM's columns), im2col's column order, Ho, Wo); held: the two
+    tensors derived from the weight (and bias, x_zp) that the kernel reads -- (w2, off), (wf,
+    init) or (wt, off): the twin keeps weak references, so a rebuilt derivation is a miss.  Also
+    the stamps of the weight and the bias (per_tensor's), the shift range the Python check
+    applies (the twin checks the shift values of every call against it).  Not while a test
+    places or poisons buffers, nor for inference-mode weights (no version counter to stamp)."""
+    weight, bias = args[2], args[3]
+    if weight.is_inference() or (bias is not None and bias.is_inference()):
+        return
+    learn = _fastpath.conv2d_int8_learner()
+    if learn is not None and _library._PLACE[0] is None and not _library._POISON[0]:
+        acc = torch.int32 if args[0].dtype == torch.int8 else torch.int64
+        learn(args, route, tuple(int(f) for f in flags) + SHIFT_RANGE[acc], *held)
 
 
 def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out,
                stride, padding, dilation, Ho, Wo):
     """Depthwise conv (one input channel and one output a group): tsr_dw_requant's direct tap loop,
-    not a GEMM per group (thousands of tiny calls in MobileNetV2), requantized row by row."""
-    Nb, C, H, W = x.shape
+    not a GEMM per group (thousands of tiny calls in MobileNetV2), requantized row by row.
+    Returns (route, the two derived tensors it read) for _learn."""
+    Nb, C, H, W = x.shape   # x channels-last (conv_forward)
     kh, kw = weight.shape[2:]
-    x = _channels_last(x)   # the channel loop unit-stride (vectorised)
     if x.dtype == torch.int8 and kw == 3 and dilation[1] == 1 and stride[1] in (1, 2) and _k3_available():
         wf, wsum = per_tensor(weight, "conv2d_int8_dw_k3", lambda: _dw_weight_f32(weight))
         # requant.c: exact fp32 sums while |off| + the taps' |sum| stay below 2^24; init: off in fp32
@@ -195,7 +233,7 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
                    cpu.ptr(shift), int(multiplier.numel() > 1), out_zero_point, qmin, qmax, ROUNDING[rounding],
                    cpu.ptr(out), out.stride(0), int(out.dtype == torch.int16), cpu.threads_for(out.numel() * kh * 3))
             cpu.check_rc(rc, "conv2d_int8 depthwise")
-            return out
+            return DEPTHWISE_K3, (wf, init)
     wt, wsum = per_tensor(weight, "conv2d_int8_dw", lambda: _dw_weight(weight))
     f = cpu.declare(_lib(), "tsr_dw_requant", "pi" + "l" * 8 + "p" + "l" * 11 + "pplp" + "lll" + "iplii")
     per_ch = int(multiplier.numel() > 1)
@@ -205,7 +243,7 @@ def _depthwise(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point,
            qmin, qmax, ROUNDING[rounding], cpu.ptr(out),
            out.stride(0), int(out.dtype == torch.int16), cpu.threads_for(out.numel() * kh * kw))
     cpu.check_rc(rc, "conv2d_int8 depthwise")
-    return out
+    return DEPTHWISE, (wt, off)
 
 
 _F32_EXACT = 1 << 24
