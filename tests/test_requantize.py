@@ -365,6 +365,30 @@ def test_fused_gemm_requantize_offset_fold(M, K):
             assert torch.equal(got, tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="reference"))
 
 
+@pytest.mark.parametrize("M,K,N", [(200, 16, 96), (130, 27, 33), (97, 3, 70), (64, 130, 16)])
+def test_fused_gemm_requantize_small_k_paths(M, K, N):
+    """The broadcast kernel's small-K paths (tsr_qi8_mm_rq): activation rows copied at a stride of
+    K rounded up to 4 (one flat pass for contiguous rows, masked steps for strided ones), and the
+    tile requantization with its per-channel part formed once per 16 columns (rq_tile_v_double):
+    per-channel and per-tensor scales, an INT32_MIN multiplier and positive shifts (its two
+    rarely-taken branches), int8 and int16 outputs, against the reference."""
+    gen = torch.Generator().manual_seed(M * K + N)
+    base = torch.randint(-128, 128, (M, K + 5), generator=gen, dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    b = torch.randint(-2**20, 2**20, (N,), generator=gen, dtype=torch.int32)
+    m = torch.randint(2**29, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-16, -4, (N,), generator=gen, dtype=torch.int32)
+    m[0], s[1] = -2**31, 2                        # INT32_MIN, and a left shift
+    b[0], b[3] = -2**31, 2**31 - 1                # saturated accumulators: a = m = INT32_MIN (a * m = 2^62)
+    for x in (base[:, :K].contiguous(), base[:, 2:K + 2]):        # contiguous rows, then a row stride K + 5
+        for mult, shift in ((m, s), (m[2:3], s[2:3])):             # per channel, per tensor
+            for out_dtype, qmin, qmax in ((torch.int8, -100, 120), (torch.int16, -3000, 30000)):
+                args = (x, -7, w, b, mult, shift, 9, qmin, qmax)
+                got = tessera.linear_int8_requant(*args, out_dtype=out_dtype, backend="cpu")
+                want = tessera.linear_int8_requant(*args, out_dtype=out_dtype, backend="reference")
+                assert torch.equal(got, want), (x.stride(), mult.numel(), out_dtype)
+
+
 def test_conv2d_int8_bad_input():
     x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
     w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)

@@ -4,7 +4,7 @@
  *   y[m, n]   = act(fp32(acc) * (sx[m] * sw[n]) + bias[n])    (linears; qlinear_epilogue.h)
  *
  * Phase 1 (rows in parallel): the activations become a padded integer buffer, row stride
- * Kp = K rounded up to 64.  Float x is quantised per row with the integer contract of
+ * Kp = K rounded up to 64 (K itself for the broadcast kernel on VNNI).  Float x is quantised per row with the integer contract of
  * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
  * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128.
  *
@@ -109,7 +109,40 @@ static void rq_put(const rq_t *R, const char *acc, int acc64, int64_t m, int64_t
 #undef RQ
 }
 
+/* the broadcast GEMM's int32 tile (rows x n, row stride 64; -off already folded in when R->fold)
+ * into output rows m0.. columns n0.. */
+static void rq_tile(const rq_t *R, const int32_t *tile, int64_t rows, int64_t m0, int64_t n0, int64_t n) {
+#ifdef TSR_AVX512
+    if (R->rounding != RQ_SINGLE) {   /* int32 accumulators: mode 0 */
+        rq_tile_v_double(tile, 64, rows, R->mult + n0 * R->cs, R->shift + n0 * R->cs, (int)R->cs,
+                         R->off && !R->fold ? R->off + n0 : NULL, n, R->zp, R->qmin, R->qmax,
+                         R->out + (m0 * R->so + n0) * (R->out16 ? 2 : 1), R->so, R->out16);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++) rq_put(R, (const char *)(tile + i * 64), 0, m0 + i, n0, n, R->fold);
+}
+
 /* ------------------------------------------------------------------ phase 1: activations */
+/* one int8 row as the VNNI kernels' u8 codes q + 128 (q ^ 0x80), padded to Kp with 128 (q = 0):
+ * masked 64-byte steps (gcc left a K = 27 im2col row to its scalar loop: 1/3 of the stem's GEMM) */
+#if QI8_VNNI
+VNNI_TARGET static inline void u8_row(const uint8_t *src, int64_t K, uint8_t *d, int64_t Kp) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int64_t k = 0; k < Kp; k += 64) {
+        const int64_t n = K - k, t = Kp - k;
+        const __mmask64 ms = n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1;
+        const __mmask64 md = t >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << t) - 1;
+        _mm512_mask_storeu_epi8(d + k, md, _mm512_xor_si512(_mm512_maskz_loadu_epi8(ms, src + k), bias));
+    }
+}
+#else
+static inline void u8_row(const uint8_t *src, int64_t K, uint8_t *d, int64_t Kp) {
+    for (int64_t k = 0; k < K; k++) d[k] = src[k] ^ 0x80u;
+    for (int64_t k = K; k < Kp; k++) d[k] = 0x80u;
+}
+#endif
+
 static void prep_row(const job_t *J, int64_t i, float *buf) {
     const int64_t K = J->K, Kp = J->Kp;
     const int u8 = J->bits == 8 && J->vnni;
@@ -472,8 +505,7 @@ _Pragma("omp for schedule(dynamic, 1)")
         int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
         if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
             QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
-            for (int64_t i = 0; i < rows; i++) rq_put(J->rq, (const char *)(tile + i * 64), 0, m0 + i, n0, cols,
-                                                       J->rq->fold);
+            rq_tile(J->rq, tile, rows, m0, n0, cols);
             continue;
         }
         if (J->ydtype < 0) {
@@ -567,6 +599,14 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int64_t M = J.M, K = J.K, N = J.N;
     const int bits = J.bits, xkind = J.xkind;
     const int es = bits == 8 ? 1 : 2;
+    /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
+    const int outer = qi8_outer(&J, vnni_ok, &J.amx);
+    /* its VNNI rows are read 4 bytes at a time, ceil(K / 4) groups: the buffer can keep x's own
+     * row length K (a pointwise conv's K = 16 - 32 had the copy write 2 - 4x its bytes at 64, and
+     * contiguous rows copy in one flat pass).  The up to 3 bytes read past a row's K meet the
+     * panel's zero weights (qo_pack_panel), and the buffer has 64 bytes of slack after the last
+     * row.  The dot micro-kernels and the AMX tiles read whole 64-byte rows: Kp stays 64k there. */
+    if (outer && !J.amx) J.Kp = K;
     J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
     J.xs = tsr_scratch(M);
     if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
@@ -574,8 +614,6 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     J.arm = qi8_arm_level(vnni_ok, bits);
 #endif
     const int T = tsr_threads(nthreads);
-    /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
-    const int outer = qi8_outer(&J, vnni_ok, &J.amx);
 #if QI8_VNNI
     const int64_t tile_rows = outer ? QO_MC : MB;
 #else
@@ -586,14 +624,30 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     int32_t *CS = outer ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
     if (outer && (!P || !CS)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }
     int failed = 0;
+    /* prep_row's call and loop set-up cost ~10 ns a row: 1/6 of a K = 16 GEMM + requantization */
+    const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni, flat = u8rows && J.sx == K && J.Kp == K;
     TSR_TEAM(T, reduction(| : failed), {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
         int64_t *tile = (int64_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int64_t));
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
+        if (flat) {   /* contiguous int8 rows, no padding: one xor pass over the bytes (prep_row's u8 codes) */
 _Pragma("omp for schedule(static)")
-        for (int64_t i = 0; i < M; i++)
-            if (!failed) prep_row(&J, i, buf);
+            for (int64_t c = 0; c < (M * K + 4095) / 4096; c++) {
+                const uint8_t *src = (const uint8_t *)J.x + c * 4096;
+                uint8_t *d = (uint8_t *)J.q + c * 4096;
+                const int64_t n = M * K - c * 4096 < 4096 ? M * K - c * 4096 : 4096;
+_Pragma("omp simd")
+                for (int64_t k = 0; k < n; k++) d[k] = src[k] ^ 0x80u;
+            }
+        } else if (u8rows) {   /* the same codes row by row, padding 128 (q 0), inline */
+_Pragma("omp for schedule(static)")
+            for (int64_t i = 0; i < M; i++) u8_row((const uint8_t *)J.x + i * J.sx, K, (uint8_t *)J.q + i * J.Kp, J.Kp);
+        } else {
+_Pragma("omp for schedule(static)")
+            for (int64_t i = 0; i < M; i++)
+                if (!failed) prep_row(&J, i, buf);
+        }
         /* the implicit barrier: every row is ready */
         if (outer) {
 #if QI8_VNNI
