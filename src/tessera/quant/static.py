@@ -114,11 +114,14 @@ class QParams:
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         """float -> codes: rint(x / scale) + zero_point saturated (the contract's rounding; NaN -> 0)."""
-        q = contract.nan_to_zero(x.float() / self.scale)
-        return (torch.round(q) + self.zero_point).clamp_(self.qmin, self.qmax).to(self.dtype)
+        # one new fp32 tensor, then in place (the same steps as the contract's formula, bit for bit):
+        # seven passes and three allocations were ~1 ms of a batch-1 int8 MobileNetV2 (12 calls)
+        q = x.float() / self.scale
+        q.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
+        return q.round_().add_(self.zero_point).clamp_(self.qmin, self.qmax).to(self.dtype)
 
     def dequantize(self, q: torch.Tensor) -> torch.Tensor:
-        return (q.float() - self.zero_point) * self.scale
+        return q.float().sub_(self.zero_point).mul_(self.scale)
 
 
 def act_qparams(recipe: StaticRecipe, lo: float, hi: float) -> QParams:
