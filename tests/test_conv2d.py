@@ -73,6 +73,11 @@ def test_fuzz_conv2d_vs_reference(backend, dtype):
     ((1, 16, 5, 17), 3, "clview", dict(padding=1)),  # one block, strided view input
     ((1, 48, 5, 37), 3, "cl", dict(padding=1, stride=2)),  # stride-2 window: interior run and edges
     ((1, 16, 4, 16), 3, "nchw", dict(padding=(1, 0), stride=2)),  # stride 2, no column padding
+    # a channel tail (C % 16) runs as one more block overlapping the last full one, on every path
+    ((1, 24, 5, 37), 3, "cl", dict(padding=1)),      # stride-1 interior runs and edges
+    ((2, 40, 6, 23), 3, "nchw", dict(padding=1, stride=2)),  # stride 2, NCHW stores
+    ((1, 21, 4, 11), 5, "clview", dict(padding=2)),  # the generic and pointer-table paths
+    ((1, 7, 5, 9), 3, "cl", dict(padding=1)),        # fewer than 16 channels: the pixel loop
 ])
 def test_depthwise_tiles_and_chunks(backend, xs, k, layout, conv, dtype, monkeypatch):
     """The depthwise kernel's paths (runs of interior tiles, 3x3 stride-1 edge tiles with zero window

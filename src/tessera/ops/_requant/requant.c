@@ -353,6 +353,7 @@ INL void dwq_row(const dwq_args *a, int64_t r, const int S) {
         const __m512 init = _mm512_maskz_loadu_ps(kb, a->init + c0);
         const __m512i m = a->cs ? _mm512_maskz_loadu_epi32(kb, a->mult + c0) : _mm512_set1_epi32(a->mult[0]);
         const __m512i s = a->cs ? _mm512_maskz_loadu_epi32(kb, a->shift + c0) : _mm512_set1_epi32(a->shift[0]);
+        const rq_v_dch ch = rq_v_double_ch(m, s);   /* the double rounding's per-channel part, once */
         for (int64_t ox0 = 0; ox0 < Wo; ox0 += DWQ_P) {
             const int64_t ix0 = ox0 * S - a->pd_w, np = Wo - ox0 < DWQ_P ? Wo - ox0 : DWQ_P;
             __m512 acc[DWQ_P];
@@ -387,7 +388,7 @@ INL void dwq_row(const dwq_args *a, int64_t r, const int S) {
                 const __m512i acc32 = _mm512_cvtps_epi32(acc[p]);  /* an exact integer: no rounding */
                 __m512i q;
                 if (a->mode == 0)
-                    q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double(acc32, m, s), hi32), lo32);
+                    q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(acc32, &ch), hi32), lo32);
                 else
                     q = rq_v_single(acc32, m, s, lo64, hi64);
                 rq_v_store(o + p * a->so * oe, a->out16, _mm512_add_epi32(q, vozp), kb);
