@@ -276,6 +276,31 @@ def test_pointwise_convs_have_their_own_key(monkeypatch):
         torch.testing.assert_close(y, F.relu(F.conv2d(x, w, b, padding=k // 2)), rtol=1e-4, atol=1e-4)
 
 
+def test_narrow_pointwise_convs_ask_their_own_key(monkeypatch):
+    """A 1x1 conv with at most NARROW_COUT output channels asks under "conv2d_1x1n" where the table
+    has that key (the kernel keeps winning it to a larger M), else under "conv2d_1x1"; the
+    count stays under the op's key.  Every table has the key in every dtype."""
+    monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    for table in (dispatch.DEFAULTS, dispatch.DEFAULTS_INTEL):
+        assert {k for k in table if k.startswith("conv2d_1x1n:")} == \
+            {"conv2d_1x1n:float32", "conv2d_1x1n:bfloat16", "conv2d_1x1n:float16"}
+    n = dispatch.NARROW_COUT
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {"conv2d_1x1:float32": 16, "conv2d_1x1n:float32": 6272})
+    assert dispatch.route("conv2d_1x1", torch.float32, 3136, n, 144) == "kernel"
+    assert dispatch.route("conv2d_1x1", torch.float32, 6272, n, 144) == "vendor"
+    assert dispatch.route("conv2d_1x1", torch.float32, 3136, n + 1, 144) == "vendor"
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {"conv2d_1x1:float32": 16})   # no narrow key: the 1x1 one
+    assert dispatch.route("conv2d_1x1", torch.float32, 3136, n, 144) == "vendor"
+    monkeypatch.setattr(dispatch, "thresholds", lambda: {"conv2d_1x1:float32": 16, "conv2d_1x1n:float32": None})
+    x = torch.randn(1, 48, 20, 20).contiguous(memory_format=torch.channels_last)
+    for cout, route in ((n, "kernel"), (n + 8, "vendor")):
+        w, b = torch.randn(cout, 48, 1, 1) * 0.1, torch.randn(cout)
+        before = dispatch.counts.get(("conv2d_1x1", route), 0)
+        y = tessera.conv2d(x, w, b, backend="cpu")
+        assert dispatch.counts.get(("conv2d_1x1", route), 0) == before + 1, cout
+        torch.testing.assert_close(y, F.conv2d(x, w, b), rtol=1e-4, atol=1e-4)
+
+
 def test_threshold_rule_and_bands(monkeypatch):
     """_threshold: a suffix of vendor wins gives its first M; wins only inside the range (two or
     more in a row) give a band [lo, hi) that route() honours; one stray win gives None."""

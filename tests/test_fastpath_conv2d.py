@@ -121,7 +121,7 @@ def test_layers_of_one_signature_each_replay_their_own_weight(fast):
 
 
 def test_rule_changes_and_backend_requests_reach_python(fast, monkeypatch):
-    x, w = _rand((1, 16, 14, 14), seed=5, cl=True), _rand((32, 16, 1, 1), seed=6)
+    x, w = _rand((1, 16, 14, 14), seed=5, cl=True), _rand((64, 16, 1, 1), seed=6)   # (wider than NARROW_COUT)
     monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
     with torch.no_grad():
         for rule, route in (({"conv2d_1x1:float32": 16}, "vendor"), ({"conv2d_1x1:float32": None}, "kernel")):

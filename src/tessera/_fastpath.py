@@ -55,7 +55,8 @@ _OPS = {
 # what the dispatch rule reads (tessera.dispatch): the C++ conv2d twin replays a learned route only
 # while none of these was replaced (csrc/fastpath_conv2d.h); thresholds()'s result is checked too
 _CONV2D_RULE = ("thresholds", "defaults", "cpu_vendor", "mode", "route", "use_vendor", "conv_nk_min", "conv2d",
-                "MIN_M", "NCHW_VENDOR_DTYPES", "CONV_NK_MIN", "CONV_NK_MIN_BY_VENDOR", "DEFAULTS", "DEFAULTS_INTEL")
+                "MIN_M", "NARROW_COUT", "NCHW_VENDOR_DTYPES", "CONV_NK_MIN", "CONV_NK_MIN_BY_VENDOR", "DEFAULTS",
+                "DEFAULTS_INTEL")
 
 
 def module():

@@ -45,12 +45,15 @@ means "the kernel always wins here".  A pair ``[lo, hi]`` is a band: the vendor 
 kernel at M = 64-128 and loses from 256 on).  A conv2d forward whose x is NCHW (not
 channels-last) takes the vendor route in fp32 and bf16 from ``MIN_M`` pixels on, whatever the
 table says: the kernels are NHWC, and the layout copies they would need cost more than they save.
+A 1x1 conv with at most ``NARROW_COUT`` = 32 output channels asks under its own key,
+``conv2d_1x1n`` (narrow), where the table has one: a GEMM that narrow is bound by reading x, where
+the kernel stays ahead of oneDNN to a larger M.
 
 The thresholds come from a calibration measured on the machine: ``python -m tessera.dispatch
 --calibrate`` times both routes interleaved (best of several rounds, so other processes' load
 inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: a 3x3 layer with bias and relu,
-64 -> 64 channels at 28x28, batch 1..8, forward and backward, a depthwise 3x3 of 144 channels and
-a 1x1 of 256 -> 256 channels at 14x14) and stores, per (op, dtype), the smallest M from which the
+64 -> 64 channels at 28x28, batch 1..8, forward and backward, a depthwise 3x3 of 144 channels,
+a 1x1 of 256 -> 256 channels at 14x14 and a narrow one of 192 -> 32 at 28x28) and stores, per (op, dtype), the smallest M from which the
 vendor route beats the kernel by at least 5 % at every larger measured M; where it wins only inside the range, at two or
 more consecutive measured M, the band ``[first M, next measured M after the last]``.  The result
 is cached on disk as
@@ -128,6 +131,10 @@ from . import _env
 ENV = "TESSERA_DISPATCH"
 MODES = ("kernel", "vendor", "auto")
 MIN_M = 16                       # auto never takes the vendor route below this many rows
+# a 1x1 conv with at most this many output channels asks the table under "conv2d_1x1n" (narrow)
+# where the table has that key, else under "conv2d_1x1": in fp32 on Sapphire Rapids the kernel
+# keeps winning such layers to ~4x the M at which oneDNN takes the wider ones
+NARROW_COUT = 32
 CACHE_BYTES = 2 << 30            # budget of the dequantized-weight cache
 LINEAR_NK_MIN = 1 << 18          # N * K of a linear below which auto keeps the kernel
 CONV_NK_MIN = 1 << 14            # C_out * C_in/g * KH * KW of a dense conv below which auto keeps the kernel
@@ -157,6 +164,7 @@ DEFAULTS: dict[str, int | list | None] = {
     "linear_a16w8:float32": None, "linear_a16w8:bfloat16": None, "linear_a16w8:float16": None,
     "conv2d:float32": 3136, "conv2d:bfloat16": 784, "conv2d:float16": None,
     "conv2d_1x1:float32": 3136, "conv2d_1x1:bfloat16": 784, "conv2d_1x1:float16": None,
+    "conv2d_1x1n:float32": 3136, "conv2d_1x1n:bfloat16": 784, "conv2d_1x1n:float16": None,  # (not measured here)
     "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
     "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": None, "conv2d_bwd:float16": None,
     "conv2d_dw_bwd:float32": 16, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
@@ -173,6 +181,11 @@ DEFAULTS_INTEL: dict[str, int | list | None] = dict(DEFAULTS, **{
     # 1x1 convs (GEMMs over channels): in fp32 the kernel wins the small-M ones (960->160 at 7x7
     # 0.56x oneDNN's time, 64->384 at 14x14 0.82x) and oneDNN from M = 784 (1.4-2.8x); AMX bf16 wins all
     "conv2d_1x1:float32": 784, "conv2d_1x1:bfloat16": 16, "conv2d_1x1:float16": None,
+    # narrow 1x1 convs (<= NARROW_COUT outputs), fp32: the kernel takes 0.45-0.86x oneDNN's time up to
+    # M = 3136 (144->24, 96->24, 144->32, 192->32) and 1.09-1.10x at 12544; 40 and 48 outputs gain
+    # nothing past M = 784 (240->40 1.26x at 3136, 576->48 1.15x at 784)
+    # (benchmarks/results/2026-12-06g-cpu-conv2d-int8-fastpath/narrow_routes.txt)
+    "conv2d_1x1n:float32": 6272, "conv2d_1x1n:bfloat16": 16, "conv2d_1x1n:float16": None,
     # depthwise forward, remeasured 2026-12-06 once the kernel read a bf16 / fp16 channels-last x in
     # place: the kernel takes 0.44-0.86x oneDNN's time (F.conv2d + relu6) at every MobileNetV2 layer,
     # batch 1 and 8, both dtypes (benchmarks/results/2026-12-06b-cpu-conv2d-dw-half/)
@@ -281,7 +294,11 @@ def route(op: str, dtype: torch.dtype, M: int, N: int, K: int, cache_ok=None, nc
         return "kernel"
     if nchw and dtype in NCHW_VENDOR_DTYPES:
         return "vendor"
-    thr = thresholds().get(f"{op}:{_DT.get(dtype, dtype)}")
+    table = thresholds()
+    key = f"{op}:{_DT.get(dtype, dtype)}"
+    if op == "conv2d_1x1" and N <= NARROW_COUT and f"conv2d_1x1n:{_DT.get(dtype, dtype)}" in table:
+        key = f"conv2d_1x1n:{_DT.get(dtype, dtype)}"
+    thr = table.get(key)
     nk_min = conv_nk_min(dtype) if op in ("conv2d", "conv2d_1x1") else 0 \
         if op.startswith(("conv2d", "attention")) else LINEAR_NK_MIN
     if isinstance(thr, (list, tuple)):   # a band [lo, hi)
@@ -606,19 +623,20 @@ def _linear_calls(op, dtype, M, N, K, gen):
 
 # the calibration layer of each conv key: (channels, spatial size, kernel size); batch 1, 2, 4, 8
 _CONV_LAYER = {"conv2d": (64, 28, 3), "conv2d_dw": (144, 28, 3), "conv2d_1x1": (256, 14, 1),
-               "conv2d_bwd": (64, 28, 3), "conv2d_dw_bwd": (144, 28, 3)}
+               "conv2d_1x1n": (192, 28, 1, 32), "conv2d_bwd": (64, 28, 3), "conv2d_dw_bwd": (144, 28, 3)}
 
 
 def _conv_call(op, dtype, batch, gen):
-    """The calibration layer of ``op`` (``_CONV_LAYER``: bias and relu, channels-last, C -> C);
-    the forward op, or for the ``*_bwd`` keys the cpu backward."""
+    """The calibration layer of ``op`` (``_CONV_LAYER``: bias and relu, channels-last, C -> C, or
+    C -> the fourth field); the forward op, or for the ``*_bwd`` keys the cpu backward."""
     import tessera
     from .ops.conv2d import cpu
-    C, H, k = _CONV_LAYER[op]
+    C, H, k, *out = _CONV_LAYER[op]
+    O = out[0] if out else C
     g = C if op.startswith("conv2d_dw") else 1
     x = torch.randn(batch, C, H, H, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
-    w = (torch.randn(C, C // g, k, k, generator=gen) * 0.1).to(dtype)
-    b = torch.randn(C, generator=gen).to(dtype)
+    w = (torch.randn(O, C // g, k, k, generator=gen) * 0.1).to(dtype)
+    b = torch.randn(O, generator=gen).to(dtype)
     if op.endswith("_bwd"):
         dy = torch.randn(batch, C, H, H, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
         # activation None: the op hands relu's backward to the backends as a masked dy (ops/conv2d)
@@ -650,7 +668,7 @@ def _threshold(points):
 
 def calibrate(ms=(16, 32, 64, 128, 256, 512), n=2048, k=2048, dtypes=(torch.float32, torch.bfloat16),
               ops=("linear_w4a16", "linear_w4a8", "linear_w8a8", "linear_a16w8", "conv2d", "conv2d_1x1",
-                   "conv2d_dw", "conv2d_bwd", "conv2d_dw_bwd"),
+                   "conv2d_1x1n", "conv2d_dw", "conv2d_bwd", "conv2d_dw_bwd"),
               rounds=5, write=True, log=print) -> dict:
     """Measure both routes on this machine and (``write``) store the thresholds (module docstring).
     Returns {"thresholds": {...}, "points": {key: [[M, kernel_ms, vendor_ms], ...]}}."""
