@@ -389,6 +389,35 @@ def test_fused_gemm_requantize_small_k_paths(M, K, N):
                 assert torch.equal(got, want), (x.stride(), mult.numel(), out_dtype)
 
 
+@pytest.mark.parametrize("M,K,N", [(200, 16, 96), (130, 27, 33), (64, 256, 16), (300, 577, 40), (50, 1152, 70)])
+def test_a16w8_broadcast_gemm(M, K, N):
+    """tsr_qi8_mm_rq's int16 x int8 broadcast kernel (VPDPWSSD on int16 pairs, panels widened by a
+    gather or, past the last full pair, bytewise): exact int32 blocks of 256 K added in int64, at
+    the extremes too (every product 2^22: one block of 256 sums to 2^30, K = 1152 to 2^32.2), odd
+    K, per-channel and per-tensor scales, contiguous and strided rows, against the reference."""
+    gen = torch.Generator().manual_seed(M * K + N)
+    inside = []
+    for extreme in (False, True):
+        base = torch.randint(-32768, 32768, (M, K + 3), generator=gen, dtype=torch.int32).to(torch.int16)
+        w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+        if extreme:
+            base.fill_(-32768)
+            w.fill_(-128)
+        b = torch.randint(-2**24, 2**24, (N,), generator=gen, dtype=torch.int64)
+        b[0] = 2**40                                 # the int64 bias path
+        m = torch.randint(2**29, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+        # |acc| ~ 2^25 (random) to 2^32 (extreme): shifts that keep most outputs inside the clamp
+        s = torch.randint(-24, -9, (N,), generator=gen, dtype=torch.int32)
+        for x in (base[:, :K].contiguous(), base[:, 1:K + 1]):
+            for mult, shift in ((m, s), (m[:1], s[:1])):
+                args = (x, 0, w, b, mult, shift, 5, -30000, 30000)
+                got = tessera.linear_int8_requant(*args, backend="cpu")
+                assert torch.equal(got, tessera.linear_int8_requant(*args, backend="reference")), \
+                    (extreme, x.stride(), mult.numel())
+                inside.append(float(got.abs().lt(30000).float().mean()))
+    assert sum(inside) / len(inside) > 0.2   # most outputs are not clamped: the sums are seen
+
+
 def test_conv2d_int8_bad_input():
     x = torch.zeros(1, 4, 5, 5, dtype=torch.int8)
     w = torch.zeros(6, 2, 3, 3, dtype=torch.int8)

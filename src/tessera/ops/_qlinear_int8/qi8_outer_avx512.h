@@ -103,45 +103,51 @@ VNNI_TARGET INL __mmask16 qo_mask(int64_t v) {
 }
 
 /* out = this K block's sums - corr (128 cs for the block that ends K: sum (q + 128) w - 128 cs =
- * sum q w; zeros for the others). */
-VNNI_TARGET static __attribute__((noinline)) void qo_block(const uint8_t *A, int64_t lda, const int mr,
-                                                           const int8_t *P, int64_t k4n, const int32_t *corr,
-                                                           int32_t *out, int64_t ldo, int64_t cols) {
-    QO_ACC(0, "zmm8", "zmm9", "zmm10", "zmm11"); QO_ACC(1, "zmm12", "zmm13", "zmm14", "zmm15");
-    QO_ACC(2, "zmm16", "zmm17", "zmm18", "zmm19"); QO_ACC(3, "zmm20", "zmm21", "zmm22", "zmm23");
-    QO_ACC(4, "zmm24", "zmm25", "zmm26", "zmm27"); QO_ACC(5, "zmm28", "zmm29", "zmm30", "zmm31");
-    for (int64_t k4 = 0; k4 < k4n; k4++) {
-        const int8_t *p = P + k4 * 256;
-        const __m512i b0 = _mm512_load_si512((const void *)p), b1 = _mm512_load_si512((const void *)(p + 64));
-        const __m512i b2 = _mm512_load_si512((const void *)(p + 128)), b3 = _mm512_load_si512((const void *)(p + 192));
-        QO_STEP(0) QO_STEP(1) QO_STEP(2) QO_STEP(3) QO_STEP(4) QO_STEP(5)
-    }
-    const __m512i k0 = _mm512_loadu_si512((const void *)corr), k1 = _mm512_loadu_si512((const void *)(corr + 16));
-    const __m512i k2 = _mm512_loadu_si512((const void *)(corr + 32)), k3 = _mm512_loadu_si512((const void *)(corr + 48));
-    const __mmask16 m0 = qo_mask(cols), m1 = qo_mask(cols - 16), m2 = qo_mask(cols - 32), m3 = qo_mask(cols - 48);
-    QO_STORE(0) QO_STORE(1) QO_STORE(2) QO_STORE(3) QO_STORE(4) QO_STORE(5)
+ * sum q w; zeros for the others).  QO_BLOCK_FN defines it for one dot instruction: qo_block with
+ * VPDPBUSD (u8 x s8 quads), qo16_block with VPDPWSSD (int16 x int16 pairs: the A16W8 GEMM). */
+#define QO_BLOCK_FN(name)                                                                             \
+VNNI_TARGET static __attribute__((noinline)) void name(const uint8_t *A, int64_t lda, const int mr,   \
+                                                       const int8_t *P, int64_t k4n, const int32_t *corr, \
+                                                       int32_t *out, int64_t ldo, int64_t cols) {     \
+    QO_ACC(0, "zmm8", "zmm9", "zmm10", "zmm11"); QO_ACC(1, "zmm12", "zmm13", "zmm14", "zmm15");       \
+    QO_ACC(2, "zmm16", "zmm17", "zmm18", "zmm19"); QO_ACC(3, "zmm20", "zmm21", "zmm22", "zmm23");     \
+    QO_ACC(4, "zmm24", "zmm25", "zmm26", "zmm27"); QO_ACC(5, "zmm28", "zmm29", "zmm30", "zmm31");     \
+    for (int64_t k4 = 0; k4 < k4n; k4++) {                                                            \
+        const int8_t *p = P + k4 * 256;                                                              \
+        const __m512i b0 = _mm512_load_si512((const void *)p), b1 = _mm512_load_si512((const void *)(p + 64)); \
+        const __m512i b2 = _mm512_load_si512((const void *)(p + 128));                                \
+        const __m512i b3 = _mm512_load_si512((const void *)(p + 192));                                \
+        QO_STEP(0) QO_STEP(1) QO_STEP(2) QO_STEP(3) QO_STEP(4) QO_STEP(5)                             \
+    }                                                                                                 \
+    const __m512i k0 = _mm512_loadu_si512((const void *)corr), k1 = _mm512_loadu_si512((const void *)(corr + 16)); \
+    const __m512i k2 = _mm512_loadu_si512((const void *)(corr + 32));                                 \
+    const __m512i k3 = _mm512_loadu_si512((const void *)(corr + 48));                                 \
+    const __mmask16 m0 = qo_mask(cols), m1 = qo_mask(cols - 16), m2 = qo_mask(cols - 32), m3 = qo_mask(cols - 48); \
+    QO_STORE(0) QO_STORE(1) QO_STORE(2) QO_STORE(3) QO_STORE(4) QO_STORE(5)                           \
 }
+QO_BLOCK_FN(qo_block)
+#undef QO_DP
+#define QO_DP(acc, a, b) __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+QO_BLOCK_FN(qo16_block)
+#undef QO_BLOCK_FN
 #undef QO_ACC
 #undef QO_REG
 #undef QO_DP
 #undef QO_STEP
 #undef QO_STORE
 
-/* rows [0, rows) of A x packed panel P, one K block (kn groups of 4 from group kb) */
-VNNI_TARGET static void qo_kblock(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t kb,
-                                  int64_t kn, const int32_t *corr, int32_t *out, int64_t ldo, int64_t cols) {
+typedef void (*qo_block_fn)(const uint8_t *, int64_t, int, const int8_t *, int64_t, const int32_t *, int32_t *,
+                            int64_t, int64_t);
+
+/* rows [0, rows) of A x packed panel P, one K block (kn groups of 4 bytes from group kb), by `block` */
+VNNI_TARGET static void qo_kblock_with(qo_block_fn block, const uint8_t *A, int64_t lda, int64_t rows,
+                                       const int8_t *P, int64_t kb, int64_t kn, const int32_t *corr, int32_t *out,
+                                       int64_t ldo, int64_t cols) {
     for (int64_t m = 0; m < rows; m += QO_MR) {
         const uint8_t *a = A + m * lda + 4 * kb;
         const int8_t *pk = P + kb * 256;
         int32_t *o = out + m * ldo;
-        switch (rows - m < QO_MR ? (int)(rows - m) : QO_MR) {
-        case 1: qo_block(a, lda, 1, pk, kn, corr, o, ldo, cols); break;
-        case 2: qo_block(a, lda, 2, pk, kn, corr, o, ldo, cols); break;
-        case 3: qo_block(a, lda, 3, pk, kn, corr, o, ldo, cols); break;
-        case 4: qo_block(a, lda, 4, pk, kn, corr, o, ldo, cols); break;
-        case 5: qo_block(a, lda, 5, pk, kn, corr, o, ldo, cols); break;
-        default: qo_block(a, lda, 6, pk, kn, corr, o, ldo, cols); break;
-        }
+        block(a, lda, rows - m < QO_MR ? (int)(rows - m) : QO_MR, pk, kn, corr, o, ldo, cols);
     }
 }
 
@@ -158,16 +164,62 @@ VNNI_TARGET static void qo_rows(const uint8_t *A, int64_t lda, int64_t rows, con
         const int64_t kn = k4n - kb < kc ? k4n - kb : kc;
         const int32_t *corr = kb + kn == k4n ? cs : zeros;
         if (kb == 0) {
-            qo_kblock(A, lda, rows, P, kb, kn, corr, out, ldo, cols);
+            qo_kblock_with(qo_block, A, lda, rows, P, kb, kn, corr, out, ldo, cols);
             continue;
         }
-        qo_kblock(A, lda, rows, P, kb, kn, corr, tmp, 64, cols);
+        qo_kblock_with(qo_block, A, lda, rows, P, kb, kn, corr, tmp, 64, cols);
         for (int64_t i = 0; i < rows; i++) {
             int32_t *o = out + i * ldo;
             const int32_t *t = tmp + i * 64;
 #pragma omp simd
             for (int64_t j = 0; j < cols; j++) o[j] = (int32_t)((uint32_t)o[j] + (uint32_t)t[j]);
         }
+    }
+}
+
+/* ---------------------------------------------------------------- int16 x int8 (A16W8)
+ * The same broadcast scheme with VPDPWSSD: a 4-byte group is a pair of int16 activations (the
+ * int16 buffer of qlinear_int8.c, row stride Kp int16, read 4 bytes at a time), and the panel
+ * holds each column's pair of weights widened to int16:
+ *   P16[g][j] = (int16) w[n0 + j][2 g] | (int16) w[n0 + j][2 g + 1] << 16   (zero past N and K)
+ * Each int32 lane gains at most 2 * 2^15 * 2^7 = 2^23 a step, so a block of QO16_KB = 128 pairs
+ * (K = 256) is exact in int32 (2^30); the driver adds the blocks in int64.  No correction term. */
+enum { QO16_KB = 128 };
+
+VNNI_TARGET static void qo16_pack_panel(const int8_t *w, int64_t N, int64_t K, int64_t k2n, int64_t n0, int8_t *P) {
+    int32_t *dst = (int32_t *)P;
+    const int64_t gfull = K >= 4 ? (K - 4) / 2 + 1 : 0;   /* pairs whose 4-byte gather stays inside a row */
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)K));
+    for (int c = 0; c < 4; c++) {
+        const int64_t nb = n0 + 16 * c;
+        const int64_t valid = N - nb <= 0 ? 0 : (N - nb >= 16 ? 16 : N - nb);
+        const __mmask16 m = (__mmask16)((1u << valid) - 1u);
+        const int8_t *base = w + (valid ? nb * K : 0);
+        for (int64_t g = 0; g < gfull && g < k2n; g++) {   /* bytes 2g, 2g + 1 of 16 rows, widened */
+            const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + 2 * g, 1);
+            const __m512i lo = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24), _mm512_set1_epi32(0xFFFF));
+            const __m512i hi = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_slli_epi32(v, 16), 24), 16);
+            _mm512_store_si512((void *)(dst + g * 64 + 16 * c), _mm512_or_si512(lo, hi));
+        }
+        for (int64_t g = gfull; g < k2n; g++)
+            for (int j = 0; j < 16; j++) {
+                const int16_t a = j < valid && 2 * g < K ? base[j * K + 2 * g] : 0;
+                const int16_t b = j < valid && 2 * g + 1 < K ? base[j * K + 2 * g + 1] : 0;
+                dst[g * 64 + 16 * c + j] = (int32_t)(((uint32_t)(uint16_t)b << 16) | (uint16_t)a);
+            }
+    }
+}
+
+/* rows [0, rows) of the int16 buffer (row stride lda bytes) x int16 panel P (k2n pairs): exact
+ * int64 sums into acc (row stride 64), one int32 block of QO16_KB pairs at a time through blk */
+VNNI_TARGET static void qo16_rows(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t k2n,
+                                  int64_t *acc, int32_t *blk, int64_t cols) {
+    static const int32_t zeros[64] = {0};
+    for (int64_t kb = 0; kb < k2n; kb += QO16_KB) {
+        qo_kblock_with(qo16_block, A, lda, rows, P, kb, k2n - kb < QO16_KB ? k2n - kb : QO16_KB, zeros, blk, 64, cols);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) acc[i * 64 + j] = (kb ? acc[i * 64 + j] : 0) + blk[i * 64 + j];
     }
 }
 

@@ -525,6 +525,25 @@ _Pragma("omp for schedule(dynamic, 1)")
     if (J->amx) qa_end();
 #endif
 }
+
+/* the A16W8 broadcast GEMM (int16 x int8, VNNI, requantized: qi8_outer16): panels widened to
+ * int16 pairs by all threads, then (row chunk, panel) items; each tile's exact int64 sums are
+ * requantized by the int64 path (rq_put, mode 2) while in cache.  tile: QO_MC x 64 int64, blk:
+ * QO_MC x 64 int32 (per thread) */
+VNNI_TARGET static void outer16_gemm(const job_t *J, int8_t *P, int64_t *tile, int32_t *blk, const int failed) {
+    const int64_t k2n = (J->K + 1) / 2, np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
+_Pragma("omp for schedule(static)")
+    for (int64_t p = 0; p < np; p++)
+        if (!failed) qo16_pack_panel(J->w, J->N, J->K, k2n, p * 64, P + p * k2n * 256);
+_Pragma("omp for schedule(dynamic, 1)")
+    for (int64_t it = 0; it < nmc * np; it++) {
+        if (failed) continue;
+        const int64_t mc = it / np, p = it % np, m0 = mc * QO_MC, n0 = p * 64;
+        const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
+        qo16_rows((const uint8_t *)J->q + m0 * J->Kp * 2, J->Kp * 2, rows, P + p * k2n * 256, k2n, tile, blk, cols);
+        for (int64_t i = 0; i < rows; i++) rq_put(J->rq, (const char *)(tile + i * 64), 1, m0 + i, n0, cols, 0);
+    }
+}
 #endif
 
 #ifndef QI8_AMX
@@ -549,6 +568,18 @@ static int qi8_outer(const job_t *J, int vnni_ok, int *amx) {
     return *amx || qo_wanted(J->M, J->K);
 #else
     (void)J; (void)vnni_ok;
+    return 0;
+#endif
+}
+
+/* Does this call take the int16 broadcast GEMM (outer16_gemm)?  int16 x int8 requantized (A16W8
+ * convs / linears) where the int8 one would (qo_wanted): the dot micro-kernels padded K to 64 and
+ * reduced each output horizontally, 1/6 of this kernel's speed on MobileNetV2's pointwise layers. */
+static int qi8_outer16(const job_t *J) {
+#if QI8_VNNI
+    return J->vnni && J->bits == 16 && J->rq && qo_wanted(J->M, J->K);
+#else
+    (void)J;
     return 0;
 #endif
 }
@@ -580,7 +611,7 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
     job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
                w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R};
     int amx;
-    if (qi8_outer(&J, vnni_ok, &amx)) return qi8_run(J, vnni_ok, nthreads);
+    if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J)) return qi8_run(J, vnni_ok, nthreads);
     const int acc64 = bits == 16;
     char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
     if (!acc) return TSR_ENOMEM;
@@ -601,12 +632,13 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int es = bits == 8 ? 1 : 2;
     /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
     const int outer = qi8_outer(&J, vnni_ok, &J.amx);
+    const int outer16 = !outer && qi8_outer16(&J);
     /* its VNNI rows are read 4 bytes at a time, ceil(K / 4) groups: the buffer can keep x's own
      * row length K (a pointwise conv's K = 16 - 32 had the copy write 2 - 4x its bytes at 64, and
      * contiguous rows copy in one flat pass).  The up to 3 bytes read past a row's K meet the
      * panel's zero weights (qo_pack_panel), and the buffer has 64 bytes of slack after the last
      * row.  The dot micro-kernels and the AMX tiles read whole 64-byte rows: Kp stays 64k there. */
-    if (outer && !J.amx) J.Kp = K;
+    if ((outer && !J.amx) || outer16) J.Kp = K;
     J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
     J.xs = tsr_scratch(M);
     if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
@@ -615,14 +647,15 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
 #endif
     const int T = tsr_threads(nthreads);
 #if QI8_VNNI
-    const int64_t tile_rows = outer ? QO_MC : MB;
+    const int64_t tile_rows = outer || outer16 ? QO_MC : MB;
 #else
     const int64_t tile_rows = MB;
 #endif
     const int64_t k4n = QO_GROUPS(&J), np = (N + 63) / 64;
-    int8_t *P = outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256)) : NULL;
+    int8_t *P = outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
+              : outer16 ? (int8_t *)aligned_alloc(64, (size_t)(np * ((K + 1) / 2) * 256)) : NULL;
     int32_t *CS = outer ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
-    if (outer && (!P || !CS)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }
+    if ((outer && (!P || !CS)) || (outer16 && !P)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }
     int failed = 0;
     /* prep_row's call and loop set-up cost ~10 ns a row: 1/6 of a K = 16 GEMM + requantization */
     const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni, flat = u8rows && J.sx == K && J.Kp == K;
@@ -630,6 +663,8 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
         int64_t *tile = (int64_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int64_t));
+        int32_t *blk16 = outer16 ? (int32_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int32_t)) : NULL;
+        if (outer16 && !blk16) failed = 1;
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
         if (flat) {   /* contiguous int8 rows, no padding: one xor pass over the bytes (prep_row's u8 codes) */
 _Pragma("omp for schedule(static)")
@@ -653,6 +688,10 @@ _Pragma("omp for schedule(static)")
 #if QI8_VNNI
             outer_gemm(&J, P, CS, (int32_t *)tile, fbuf, failed);
 #endif
+        } else if (outer16) {
+#if QI8_VNNI
+            outer16_gemm(&J, P, tile, blk16, failed);
+#endif
         } else if (M <= 16) {
             /* chunks of 16 weight blocks (64 rows: K x 64 contiguous bytes), handed out
              * dynamically: a thread that loses its core on a shared machine does not hold
@@ -666,7 +705,7 @@ _Pragma("omp for schedule(dynamic, 1)")
             for (int64_t p = 0; p < (N + NP - 1) / NP; p++)
                 if (!failed) gemm_panel(&J, p, tile, fbuf);
         }
-        free(buf); free(fbuf); free(tile);
+        free(buf); free(fbuf); free(tile); free(blk16);
     });
     free(J.q); free(J.xs); free(P); free(CS);
     return failed ? TSR_ENOMEM : TSR_OK;
