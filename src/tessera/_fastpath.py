@@ -6,8 +6,8 @@ A tiny eager ``tessera.silu`` cost ~14 us where ``F.silu`` costs ~1.2 us (layer_
 ``torch.empty`` alone costs ~1 us from Python.  So for the one case that dominates inference
 (contiguous CPU tensors, the cpu backend picked automatically), ``silu``, ``gelu``,
 ``swiglu``, ``geglu``, ``softmax``, ``layer_norm``, ``rms_norm`` and ``int_mm`` run their
-undecorated body in C++ (``conv2d`` too, by replaying what its Python body did for the same
-signature: ``csrc/fastpath_conv2d.h``): ATen allocates the outputs and the same C kernel entry point is
+undecorated body in C++ (``conv2d`` and ``conv2d_int8`` too, by replaying what their Python
+bodies did for the same signature: ``csrc/fastpath_conv2d.h``, ``csrc/fastpath_conv2d_int8.h``): ATen allocates the outputs and the same C kernel entry point is
 called with the same arguments as the Python launcher.  Everything else goes to the Python
 body unchanged (the C++ function calls it), and :func:`tessera._library.direct` decides, as
 before, whether the body may run outside the custom op at all, so autograd, compile/export,

@@ -53,7 +53,8 @@ The thresholds come from a calibration measured on the machine: ``python -m tess
 --calibrate`` times both routes interleaved (best of several rounds, so other processes' load
 inflates neither side) for M in 16..512 at N = K = 2048 (conv2d: a 3x3 layer with bias and relu,
 64 -> 64 channels at 28x28, batch 1..8, forward and backward, a depthwise 3x3 of 144 channels,
-a 1x1 of 256 -> 256 channels at 14x14 and a narrow one of 192 -> 32 at 28x28) and stores, per (op, dtype), the smallest M from which the
+a 1x1 of 256 -> 256 channels at 14x14 and a narrow one of 192 -> 32 at 28x28) and stores, per
+(op, dtype), the smallest M from which the
 vendor route beats the kernel by at least 5 % at every larger measured M; where it wins only inside the range, at two or
 more consecutive measured M, the band ``[first M, next measured M after the last]``.  The result
 is cached on disk as

@@ -63,7 +63,8 @@ def main(name):
             t = time_interleaved(runs, 25, rewarm_below_s=1.0)
             e, tw, py = (t[k].median for k in ("fp32", "twin", "python"))
             O, C, kh, _ = layer.weight.shape
-            tag = f"{i:02d} {x.shape[1]}x{x.shape[2]}->{O} k{kh} s{layer.stride[0]}" + (" dw" if layer.groups > 1 else "")
+            tag = f"{i:02d} {x.shape[1]}x{x.shape[2]}->{O} k{kh} s{layer.stride[0]}"
+            tag += " dw" if layer.groups > 1 else ""
             print(f"{tag:34s} {e * 1e3:8.3f} {e / tw:14.2f} {e / py:16.2f} {py / tw:12.2f}", flush=True)
             rows.append((e, tw, py))
     e, tw, py = (sum(r[j] for r in rows) for j in range(3))

@@ -184,9 +184,9 @@ int qconv_rows(const QConvEntry &e, const QConvKey &k, at::Tensor x, const at::T
 // the call, replayed: undefined if the entry is stale (or a kernel failed)
 at::Tensor qconv_replay(const QConvEntry &e, const QConvKey &k, const at::Tensor &x, const at::Tensor &w,
                         const at::Tensor &b, const at::Tensor &m, const at::Tensor &s) {
-  if (!e.w.current(w) || b.defined() != e.has_bias || (b.defined() && !e.b.current(b)) || !e.held0 || e.held0->expired() ||
-      !e.held1 || e.held1->expired() || m.scalar_type() != at::kInt || s.scalar_type() != at::kInt || !m.is_contiguous() ||
-      !s.is_contiguous())
+  if (!e.w.current(w) || b.defined() != e.has_bias || (b.defined() && !e.b.current(b)) || !e.held0 ||
+      e.held0->expired() || !e.held1 || e.held1->expired() || m.scalar_type() != at::kInt ||
+      s.scalar_type() != at::kInt || !m.is_contiguous() || !s.is_contiguous())
     return at::Tensor();
   const int32_t *sp = (const int32_t *)s.data_ptr();  // requantize.check_shift_values, every call
   for (int64_t i = 0; i < s.numel(); i++)

@@ -198,7 +198,8 @@ VNNI_TARGET static void qo16_pack_panel(const int8_t *w, int64_t N, int64_t K, i
         const int8_t *base = w + (valid ? nb * K : 0);
         for (int64_t g = 0; g < gfull && g < k2n; g++) {   /* bytes 2g, 2g + 1 of 16 rows, widened */
             const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + 2 * g, 1);
-            const __m512i lo = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24), _mm512_set1_epi32(0xFFFF));
+            const __m512i lo = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24),
+                                                _mm512_set1_epi32(0xFFFF));
             const __m512i hi = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_slli_epi32(v, 16), 24), 16);
             _mm512_store_si512((void *)(dst + g * 64 + 16 * c), _mm512_or_si512(lo, hi));
         }

@@ -4,10 +4,14 @@
  *   y[m, n]   = act(fp32(acc) * (sx[m] * sw[n]) + bias[n])    (linears; qlinear_epilogue.h)
  *
  * Phase 1 (rows in parallel): the activations become a padded integer buffer, row stride
- * Kp = K rounded up to 64 (K itself for the broadcast kernel on VNNI).  Float x is quantised per row with the integer contract of
+ * Kp = K rounded up to 64 (K itself for the broadcast kernels on VNNI).  Float x is quantised
+ * per row with the integer contract of
  * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
  * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128.
  *
+ * Phase 2, int16 x int8 requantized (A16W8 convs and linears) with VNNI where qo_wanted says: the
+ * broadcast scheme with VPDPWSSD on int16 pairs (qo16_block, outer16_gemm; exact int32 blocks of
+ * K = 256 added in int64).
  * Phase 2, int8 with VNNI where qi8_outer says (M > 16 and K small, or M >= 128; with AMX from
  * M = 40): the broadcast kernel of qi8_outer_avx512.h (64-column weight panels packed per call,
  * 6 x 64 outputs in registers, nothing reduced horizontally; 85 % of the VNNI peak at conv /

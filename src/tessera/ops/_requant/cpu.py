@@ -199,9 +199,10 @@ def _learn(args, route, flags, held):
     """Tell the C++ twin what this call did, so the next call of its signature replays it there
     (~60 us of Python glue a call otherwise: most of a batch-1 MobileNetV2 layer).  route: GEMM,
     DEPTHWISE_K3 or DEPTHWISE; flags: (x subsampled (strided 1x1), x made channels-last when it
-    was not, im2col (else x's rows are the GEMM's columns), im2col's column order, Ho, Wo); held: the two
-    tensors derived from the weight (and bias, x_zp) that the kernel reads -- (w2, off), (wf,
-    init) or (wt, off): the twin keeps weak references, so a rebuilt derivation is a miss.  Also
+    was not, im2col (else x's rows are the GEMM's columns), im2col's column order, Ho, Wo);
+    held: the two tensors derived from the weight (and bias, x_zp) that the kernel reads -- (w2,
+    off), (wf, init) or (wt, off): the twin keeps weak references, so a rebuilt derivation is a
+    miss.  Also
     the stamps of the weight and the bias (per_tensor's), the shift range the Python check
     applies (the twin checks the shift values of every call against it).  Not while a test
     places or poisons buffers, nor for inference-mode weights (no version counter to stamp)."""
