@@ -86,19 +86,16 @@ def calls() -> int:
     return mod.calls() if mod is not None else 0
 
 
-def conv2d_learner():
-    """The extension's ``learn_conv2d`` (ops/conv2d/cpu.py tells it what each Python-path forward
-    did, for the C++ twin to replay on the same signature), or None without the extension.  A
-    vendor-route conv launches no kernel, so this is also where such a model loads it."""
+def learner(op: str):
+    """The extension's ``learn_<op>`` (conv2d: ops/conv2d/cpu.py, conv2d_int8: ops/_requant/cpu.py
+    tell it what each Python-path call did, for the C++ twin to replay on the same signature:
+    csrc/fastpath_conv2d*.h), or None: without the extension, and while a test places or poisons
+    buffers (the twins never run then).  A vendor-route conv launches no kernel, so this is also
+    where such a model loads the extension."""
     mod = module()
-    return mod.learn_conv2d if mod is not None else None
-
-
-def conv2d_int8_learner():
-    """The extension's ``learn_conv2d_int8`` (ops/_requant/cpu.py's conv_forward tells it what
-    each Python-path call did: csrc/fastpath_conv2d_int8.h), or None without the extension."""
-    mod = module()
-    return mod.learn_conv2d_int8 if mod is not None else None
+    if mod is None or _library._PLACE[0] is not None or _library._POISON[0]:
+        return None
+    return getattr(mod, f"learn_{op}")
 
 
 def note(name: str, isa: str, address: int) -> None:

@@ -182,6 +182,13 @@ bool eps_of(py::handle obj, float &eps) {
   return true;
 }
 
+// TESSERA_QI8_VNNI as the int8 kernels' vnni_ok (_qlinear_int8.cpu._vnni_ok): 0 portable C, 2 VNNI
+// even where AMX exists, 1 (default) the best the CPU has
+int vnni_ok() {
+  const char *v = std::getenv("TESSERA_QI8_VNNI");
+  return !v ? 1 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1;
+}
+
 int threads_for(int64_t numel) { return numel < g_parallel_min ? 1 : std::max(1, at::get_num_threads()); }
 int use_nt(const at::Tensor &out) { return out.numel() * (int64_t)out.element_size() >= g_nt_min_bytes; }
 void *ptr(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -249,8 +256,7 @@ py::object int_mm(py::handle a_obj, py::handle b_obj, py::handle backend) {
     const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
     const bool i8 = a.scalar_type() == at::kChar;
     at::Tensor y = at::empty({M, N}, a.options().dtype(i8 ? at::kInt : at::kLong));
-    const char *v = std::getenv("TESSERA_QI8_VNNI");  // _qlinear_int8.cpu._vnni_ok
-    const int vnni = !v ? 1 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1, bits = i8 ? 8 : 16;
+    const int vnni = vnni_ok(), bits = i8 ? 8 : 16;
     using F = int (*)(const void *, int64_t, int, int, int64_t, int64_t, const void *, int64_t, const void *,
                       const void *, int, void *, int, int, int);
     int rc = launch(M * N * K, [&] {

@@ -142,6 +142,28 @@ bool ints_of(PyObject *o, int64_t *dst, Py_ssize_t n) {
   return true;
 }
 
+// an exact Python int into dst (a bool is a different signature)
+bool int_of(PyObject *o, int64_t &dst) {
+  if (!PyLong_CheckExact(o)) return false;
+  dst = PyLong_AsLongLong(o);
+  if (dst == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
+  return true;
+}
+
+// the first KEY_TENSOR_FIELDS fields of a conv twin's key: x's sizes and strides, the weight's
+// sizes, x's, the weight's and the bias's dtypes and the bias's size (-1 without one)
+constexpr size_t KEY_TENSOR_FIELDS = 16;
+void key_tensor_fields(int64_t *k, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
+  size_t i = 0;
+  for (int j = 0; j < 4; j++) k[i++] = x.size(j);
+  for (int j = 0; j < 4; j++) k[i++] = x.stride(j);
+  for (int j = 0; j < 4; j++) k[i++] = w.size(j);
+  k[i++] = (int64_t)x.scalar_type();
+  k[i++] = (int64_t)w.scalar_type();
+  k[i++] = b.defined() ? (int64_t)b.scalar_type() : -1;
+  k[i++] = b.defined() ? b.size(0) : -1;
+}
+
 // ops/conv2d/cpu.py's ACT_CODE (None, relu, relu6, silu, gelu), -1 for anything else
 int conv_act_code(PyObject *a) {
   if (a == Py_None) return 0;
@@ -168,19 +190,12 @@ bool conv_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tensor
   if (a[2] != Py_None && (!cpu_tensor(a[2], b) || b.dim() != 1)) return false;
   act = conv_act_code(a[7]);
   const int mode = dispatch_mode_code();
-  if (act < 0 || mode < 0 || !PyLong_CheckExact(a[6])) return false;
-  size_t i = 0;
-  for (int j = 0; j < 4; j++) k[i++] = x.size(j);
-  for (int j = 0; j < 4; j++) k[i++] = x.stride(j);
-  for (int j = 0; j < 4; j++) k[i++] = w.size(j);
-  k[i++] = (int64_t)x.scalar_type();
-  k[i++] = (int64_t)w.scalar_type();
-  k[i++] = b.defined() ? (int64_t)b.scalar_type() : -1;
-  k[i++] = b.defined() ? b.size(0) : -1;
+  if (act < 0 || mode < 0) return false;
+  key_tensor_fields(&k[0], x, w, b);
+  size_t i = KEY_TENSOR_FIELDS;
   if (!ints_of(a[3], &k[i], 2) || !ints_of(a[4], &k[i + 2], 4) || !ints_of(a[5], &k[i + 6], 2)) return false;
   i += 8;
-  k[i++] = PyLong_AsLongLong(a[6]);
-  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  if (!int_of(a[6], k[i++])) return false;
   k[i++] = act;
   k[i++] = mode;
   // the weight tensor too: a network repeats a signature in many layers (MobileNetV2: 28 of 52

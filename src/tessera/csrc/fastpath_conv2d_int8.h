@@ -36,14 +36,6 @@ struct QConvEntry {
 };
 auto *g_qconv_table = new std::unordered_map<QConvKey, std::shared_ptr<QConvEntry>, KeyHash<QCONV_KEY_LEN>>();
 
-// a Python int into dst (exact ints only: a bool is a different signature)
-bool int_of(PyObject *o, int64_t &dst) {
-  if (!PyLong_CheckExact(o)) return false;
-  dst = PyLong_AsLongLong(o);
-  if (dst == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
-  return true;
-}
-
 // the body's arguments: x, x_zp, weight, bias, multiplier, shift, out_zp, stride, padding, dilation,
 // groups, qmin, qmax, rounding, out_dtype (, backend).  False for anything the table never holds.
 bool qconv_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tensor &b, at::Tensor &m, at::Tensor &s,
@@ -57,14 +49,8 @@ bool qconv_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tenso
   if (PyUnicode_CompareWithASCIIString(a[13], "double") == 0) rounding = 0;
   if (PyUnicode_CompareWithASCIIString(a[13], "single") == 0) rounding = 1;
   if (rounding < 0) return false;
-  size_t i = 0;
-  for (int j = 0; j < 4; j++) k[i++] = x.size(j);
-  for (int j = 0; j < 4; j++) k[i++] = x.stride(j);
-  for (int j = 0; j < 4; j++) k[i++] = w.size(j);
-  k[i++] = (int64_t)x.scalar_type();
-  k[i++] = (int64_t)w.scalar_type();
-  k[i++] = b.defined() ? (int64_t)b.scalar_type() : -1;
-  k[i++] = b.defined() ? b.size(0) : -1;
+  key_tensor_fields(&k[0], x, w, b);
+  size_t i = KEY_TENSOR_FIELDS;
   k[i++] = m.numel();
   k[i++] = s.numel();
   if (!int_of(a[1], k[i++]) || !int_of(a[6], k[i++])) return false;
@@ -77,17 +63,23 @@ bool qconv_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tenso
   return i == QCONV_KEY_LEN;
 }
 
+// _requant/cpu.py's transpose_i8: dst[b][s][r] = src[b][r][s] (int8, contiguous [B][R][S] -> [B][S][R])
+int transpose_i8(const at::Tensor &src, int64_t B, int64_t R, int64_t S, at::Tensor &dst) {
+  void *fn = kernel(RQ_TRANSPOSE);
+  using T = int (*)(const void *, int64_t, int64_t, int64_t, int64_t, int64_t, void *, int64_t, int64_t, int);
+  const int64_t n = B * R * S;
+  return !fn ? -1 : launch(n, [&] {
+    return ((T)fn)(src.data_ptr(), B, R, S, S, R * S, dst.data_ptr(), R, R * S, threads_for(n));
+  });
+}
+
 // _requant/cpu.py's _channels_last: x itself when its channels are unit-stride, else a copy
 at::Tensor qconv_channels_last(const at::Tensor &x, int &rc) {
   if (x.stride(1) == 1 || x.size(1) <= 1) return x;
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   at::Tensor xc = at::empty({N, H, W, C}, x.options());
   if (x.scalar_type() == at::kChar && x.is_contiguous()) {
-    void *fn = kernel(RQ_TRANSPOSE);
-    using T = int (*)(const void *, int64_t, int64_t, int64_t, int64_t, int64_t, void *, int64_t, int64_t, int);
-    rc = !fn ? -1 : launch(xc.numel(), [&] {
-      return ((T)fn)(x.data_ptr(), N, C, H * W, H * W, C * H * W, xc.data_ptr(), C, C * H * W, threads_for(xc.numel()));
-    });
+    rc = transpose_i8(x, N, C, H * W, xc);
   } else {
     xc.copy_(x.permute({0, 2, 3, 1}));
   }
@@ -164,9 +156,7 @@ int qconv_rows(const QConvEntry &e, const QConvKey &k, at::Tensor x, const at::T
   using F = int (*)(const void *, int64_t, int, int64_t, int64_t, const int8_t *, int64_t, const int32_t *,
                     const int32_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t, int, void *, int64_t, int,
                     int, int);
-  const char *v = std::getenv("TESSERA_QI8_VNNI");  // _qlinear_int8.cpu._vnni_ok
-  const int vnni = !v ? 1 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1;
-  const int bits = x.scalar_type() == at::kChar ? 8 : 16;
+  const int vnni = vnni_ok(), bits = x.scalar_type() == at::kChar ? 8 : 16;
   const int64_t M = N * Ho * Wo, Og = O / groups, Kg = Cg * kh * kw, es = x.element_size();
   const int8_t *w2 = (const int8_t *)h0.data_ptr();
   const int64_t *off = (const int64_t *)h1.data_ptr();
@@ -202,13 +192,7 @@ at::Tensor qconv_replay(const QConvEntry &e, const QConvKey &k, const at::Tensor
   // conv2d_int8._impl: an NCHW x gets a contiguous NCHW output (the backend's rows_to_nchw)
   at::Tensor out = at::empty({N, O, e.Ho, e.Wo}, rows.options());
   if (rows.scalar_type() != at::kChar) return out.copy_(y);
-  void *fn = kernel(RQ_TRANSPOSE);
-  using T = int (*)(const void *, int64_t, int64_t, int64_t, int64_t, int64_t, void *, int64_t, int64_t, int);
-  const int64_t P = e.Ho * e.Wo;
-  const int rc = !fn ? -1 : launch(out.numel(), [&] {
-    return ((T)fn)(rows.data_ptr(), N, P, O, O, P * O, out.data_ptr(), P, O * P, threads_for(out.numel()));
-  });
-  return rc == 0 ? out : at::Tensor();
+  return transpose_i8(rows, N, e.Ho * e.Wo, O, out) == 0 ? out : at::Tensor();
 }
 
 // tessera.ops.conv2d_int8._impl's twin: a learned route, else the Python body

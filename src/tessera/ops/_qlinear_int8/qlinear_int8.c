@@ -152,14 +152,7 @@ static void prep_row(const job_t *J, int64_t i, float *buf) {
     const int u8 = J->bits == 8 && J->vnni;
     if (J->bits == 8) {
         int8_t *q = (int8_t *)J->q + i * Kp;
-        if (J->xkind == SRC_I8 && u8) {   /* one pass: the u8 codes q + 128, padding 128 (q 0) */
-            const uint8_t *src = (const uint8_t *)J->x + i * J->sx;
-            uint8_t *d = (uint8_t *)q;
-#pragma omp simd
-            for (int64_t k = 0; k < K; k++) d[k] = src[k] ^ 0x80u;
-            memset(d + K, 0x80, (size_t)(Kp - K));
-            return;
-        }
+        /* (int8 x for the VNNI kernels never comes here: qi8_run's u8_row / flat pass) */
         if (J->xkind == SRC_I8) {
             memcpy(q, J->x + i * J->sx, (size_t)K);
         } else {

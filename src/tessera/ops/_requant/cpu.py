@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ... import _fastpath, _library
+from ... import _fastpath
 from ..._library import contiguous, new_output, per_tensor
 from ...backends import cpu
 from .._qlinear_int8.cpu import int_mm_requant
@@ -202,15 +202,15 @@ def _learn(args, route, flags, held):
     was not, im2col (else x's rows are the GEMM's columns), im2col's column order, Ho, Wo);
     held: the two tensors derived from the weight (and bias, x_zp) that the kernel reads -- (w2,
     off), (wf, init) or (wt, off): the twin keeps weak references, so a rebuilt derivation is a
-    miss.  Also
-    the stamps of the weight and the bias (per_tensor's), the shift range the Python check
-    applies (the twin checks the shift values of every call against it).  Not while a test
-    places or poisons buffers, nor for inference-mode weights (no version counter to stamp)."""
+    miss.  Also the stamps of the weight and the bias (per_tensor's), the shift range the Python
+    check applies (the twin checks the shift values of every call against it).  Not while a test
+    places or poisons buffers (_fastpath.learner), nor for inference-mode weights (no version
+    counter to stamp)."""
     weight, bias = args[2], args[3]
     if weight.is_inference() or (bias is not None and bias.is_inference()):
         return
-    learn = _fastpath.conv2d_int8_learner()
-    if learn is not None and _library._PLACE[0] is None and not _library._POISON[0]:
+    learn = _fastpath.learner("conv2d_int8")
+    if learn is not None:
         acc = torch.int32 if args[0].dtype == torch.int8 else torch.int64
         learn(args, route, tuple(int(f) for f in flags) + SHIFT_RANGE[acc], *held)
 

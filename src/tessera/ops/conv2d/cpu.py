@@ -201,9 +201,9 @@ def _learn(args, count_key, route, wp=None, geometry=()):
     (x read in place, x's H and W (subsampled), the subsampling steps, the packed x's H and W and
     x's offset in it, cop, c_in/g, c_out/g, KH, KW, the kernel's stride and dilation, its virtual
     pads (top, left), OH, OW, C_out).  Not while a test places or poisons buffers (the twin never
-    runs then) or before the extension has loaded."""
-    learn = _fastpath.conv2d_learner()
-    if learn is not None and _library._PLACE[0] is None and not _library._POISON[0]:
+    runs then) or without the extension (_fastpath.learner)."""
+    learn = _fastpath.learner("conv2d")
+    if learn is not None:
         learn(args + ("",), count_key, route, wp, geometry)
 
 
