@@ -27,10 +27,17 @@ linear_int8_requant / conv2d_int8 (TFLite quantized FC / conv, per-channel symme
       acc[n] = sum_k (x[k] - x_zp) * w[n, k] + bias[n]     (padding taps contribute 0, i.e. they
                                                            hold x_zp before the subtraction)
       y      = requantize(acc, multiplier[n], shift[n], out_zp, qmin, qmax)
+add_int8 (TFLite quantized ADD, per-tensor parameters, left shift L = 20 for int8, 15 for int16):
+      ra     = mbqm_double((a - a_zp) * 2^L, a_mult, a_shift), rb likewise
+      y      = clamp(mbqm_double(saturate_int32(ra + rb), out_mult, out_shift) + out_zp, qmin, qmax)
+  parameters from float scales as TFLite's Prepare: twice = 2 max(s_a, s_b) (float64 of the
+  float32 scales), reals s_a / twice, s_b / twice, twice / (2^L s_out), each through
+  QuantizeMultiplier: frexp, round(q 2^31) half away from zero, q = 2^31 -> 2^30 and exponent + 1
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -225,10 +232,77 @@ def conv_vectors(rng):
     return vecs
 
 
+def quantize_multiplier(real):
+    """TFLite QuantizeMultiplier: real = q * 2^(shift - 31), q in [2^30, 2^31)."""
+    if real == 0.0:
+        return 0, 0
+    q, shift = math.frexp(real)
+    q_fixed = math.floor(q * 2**31 + 0.5)        # TfLiteRound: half away from zero (q > 0 here)
+    if q_fixed == 2**31:
+        q_fixed, shift = q_fixed // 2, shift + 1
+    if shift < -31:
+        q_fixed, shift = 0, 0
+    return int(q_fixed), int(shift)
+
+
+def add_params(sa, sb, so, left):
+    twice = 2.0 * max(sa, sb)
+    ma, sha = quantize_multiplier(sa / twice)
+    mb, shb = quantize_multiplier(sb / twice)
+    mo, sho = quantize_multiplier(twice / (2**left * so))
+    return dict(a_multiplier=ma, a_shift=sha, b_multiplier=mb, b_shift=shb, out_multiplier=mo, out_shift=sho)
+
+
+def add_ref(a, b, p):
+    L = p["left_shift"]
+    out = []
+    for x, y in zip(a, b):
+        ra = mbqm_double((x - p["a_zero_point"]) * 2**L, p["a_multiplier"], p["a_shift"])
+        rb = mbqm_double((y - p["b_zero_point"]) * 2**L, p["b_multiplier"], p["b_shift"])
+        r = mbqm_double(sat32(ra + rb), p["out_multiplier"], p["out_shift"])
+        out.append(max(p["qmin"], min(p["qmax"], r + p["out_zero_point"])))
+    return out
+
+
+def add_vectors(rng):
+    vecs = []
+    f32 = lambda v: float(np.float32(v))   # noqa: E731  (scales are float32 in a TFLite model)
+    for dt, L, n in (("int8", 20, 1024), ("int8", 20, 97), ("int8", 20, 301), ("int16", 15, 257), ("int16", 15, 64)):
+        lo, hi = (-128, 127) if dt == "int8" else (-32768, 32767)
+        if n == 1024:     # every code of a, four times, against random b
+            a = [v for _ in range(4) for v in range(lo, hi + 1)]
+        else:
+            a = [int(v) for v in rng.integers(lo, hi + 1, n)]
+            a[:2] = [lo, hi]
+        b = [int(v) for v in rng.integers(lo, hi + 1, len(a))]
+        b[:2] = [lo, hi]
+        sa, sb = f32(rng.uniform(0.005, 0.2)), f32(rng.uniform(0.005, 0.2))
+        so = f32((sa + sb) * rng.uniform(0.6, 1.5))
+        zps = [int(v) for v in rng.integers(-60, 60, 3)] if dt == "int8" else [0, 0, 0]
+        p = dict(a_zero_point=zps[0], b_zero_point=zps[1], out_zero_point=zps[2], left_shift=L, qmin=lo, qmax=hi)
+        if n == 301:      # a fused ReLU: the clamp starts at the output zero point
+            p["qmin"] = zps[2]
+        p.update(add_params(sa, sb, so, L))
+        vecs.append(dict(dtype=dt, scales=[sa, sb, so], a=a, b=b, out=add_ref(a, b, p), **p))
+    # ties (L = 0, multipliers 0.5, shift -1: each input x / 4 rounded twice), then the extremes:
+    # the largest / negative multipliers, left shifts in the MBQM, a saturating int32 sum
+    xs = list(range(-128, 128, 3))
+    ys = [((7 * i) % 256) - 128 for i in range(len(xs))]
+    for (ma, sa_, mb, sb_, mo, so_, L) in ((2**30, -1, 2**30, -1, 2**30, -1, 0),
+                                           (2**31 - 1, 0, -2**31, 0, 2**31 - 1, -16, 20),
+                                           (2**31 - 1, 2, 2**31 - 1, 3, 2**30, -3, 23),
+                                           (1, -31, 1518500250, -5, 1073741823, 0, 8)):
+        p = dict(a_zero_point=-7, b_zero_point=5, out_zero_point=3, left_shift=L, qmin=-128, qmax=127,
+                 a_multiplier=ma, a_shift=sa_, b_multiplier=mb, b_shift=sb_, out_multiplier=mo, out_shift=so_)
+        vecs.append(dict(dtype="int8", scales=None, a=xs, b=ys, out=add_ref(xs, ys, p), **p))
+    return vecs
+
+
 def main():
     rng = np.random.default_rng(20261204)
     data = {"note": __doc__.split("\n\n", 1)[1], "requantize": requant_vectors(rng),
-            "linear": linear_vectors(rng), "conv2d": conv_vectors(rng)}
+            "linear": linear_vectors(rng), "conv2d": conv_vectors(rng),
+            "add": add_vectors(rng)}
     (HERE / "requant" / "vectors.json").write_text(json.dumps(data, separators=(",", ":")))
 
 

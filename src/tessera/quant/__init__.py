@@ -11,3 +11,4 @@ from .formats import FORMATS, Format, FormatInfo, QTensor, dequantize, format_in
 from .interop import (pack_int4, unpack_int4, to_gptq, from_gptq, to_awq, from_awq,  # noqa: F401
                       to_ggml, from_ggml)
 from .model import RECIPES, QuantReport, quantize_model  # noqa: F401,E402  (model API: recipes)
+from .static import add_int8_params  # noqa: F401,E402  (tessera.add_int8's parameters from float scales)
