@@ -39,8 +39,15 @@ def _call(a, b, p, **kw):
                             p.get("qmin"), p.get("qmax"), left_shift=p.get("left_shift"), **kw)
 
 
+@pytest.fixture(params=["table", "lanes"])
+def cpu_path(request, monkeypatch):
+    """The CPU kernel's int8 paths: VBMI table lookups (where the CPU has them) and the 16-lane loop."""
+    monkeypatch.setenv("TESSERA_ADD_INT8_TABLE", "1" if request.param == "table" else "0")
+    return request.param
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_add_int8_golden(backend):
+def test_add_int8_golden(backend, cpu_path):
     bad = []
     for i, v in enumerate(GOLDEN):
         dt = getattr(torch, v["dtype"])
@@ -100,6 +107,24 @@ def test_add_int8_layouts(backend):
                            p["b_multiplier"], p["b_shift"], p["out_multiplier"], p["out_shift"], p["out_zero_point"])
         assert got.shape == exp.shape and torch.equal(got, exp)
         assert got.is_contiguous() or got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_add_int8_every_code_pair(cpu_path):
+    """All but two of the 65536 (a, b) int8 code pairs, in a channels-last map with a ragged tail (65534 = 64 k + 62), for
+    TFLite-derived, extreme (negative, saturating) and relu-clamped parameters, against the reference."""
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    a = codes.repeat_interleave(256)[:65534].view(1, 7, 31, 302).contiguous(memory_format=torch.channels_last)
+    b = codes.repeat(256)[:65534].view(1, 7, 31, 302).contiguous(memory_format=torch.channels_last)
+    sets = [{**tessera.quant.add_int8_params(0.07, 0.02, 0.05), "a_zero_point": -9, "b_zero_point": 100,
+             "out_zero_point": -3},
+            {"a_zero_point": 127, "a_multiplier": 2**31 - 1, "a_shift": 1, "b_zero_point": -128,
+             "b_multiplier": -2**31, "b_shift": 2, "out_multiplier": 2**30 + 7, "out_shift": -21,
+             "out_zero_point": 11, "left_shift": 23},
+            {**tessera.quant.add_int8_params(0.1, 0.1, 0.3), "a_zero_point": 0, "b_zero_point": 0,
+             "out_zero_point": -128, "qmin": -100, "qmax": 90}]
+    for p in sets:
+        got = _call(a, b, p, backend="cpu")
+        assert torch.equal(got, _call(a, b, p, backend="reference")), p
 
 
 @pytest.mark.parametrize("dt", [torch.int8, torch.int16])
