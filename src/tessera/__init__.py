@@ -55,4 +55,5 @@ from .ops.requantize import requantize  # noqa: E402  (integer-only pipeline: op
 from .ops.linear_int8_requant import linear_int8_requant  # noqa: E402
 from .ops.conv2d_int8 import conv2d_int8  # noqa: E402
 from .ops.add_int8 import add_int8  # noqa: E402
-__all__ += ["requantize", "linear_int8_requant", "conv2d_int8", "add_int8"]
+from .ops.max_pool2d_int8 import max_pool2d_int8  # noqa: E402
+__all__ += ["requantize", "linear_int8_requant", "conv2d_int8", "add_int8", "max_pool2d_int8"]

@@ -69,6 +69,7 @@ from ..nn.conv import fold_batchnorm
 from ..ops.add_int8 import add_int8
 from ..ops.conv2d_int8 import conv2d_int8
 from ..ops.linear_int8_requant import linear_int8_requant
+from ..ops.max_pool2d_int8 import max_pool2d_int8
 from . import contract
 
 _log = logging.getLogger("tessera")
@@ -339,8 +340,11 @@ def _activation_of(gm, n: fx.Node) -> Optional[str]:
 
 def _is_code_op(gm, n: fx.Node) -> bool:
     if n.op == "call_module":
-        return isinstance(gm.get_submodule(n.target), _CODE_MODULES)
+        m = gm.get_submodule(n.target)
+        return isinstance(m, _CODE_MODULES) and not getattr(m, "return_indices", False)
     if n.op == "call_function":
+        if n.target is torch.nn.functional.max_pool2d and (len(n.args) > 6 or n.kwargs.get("return_indices")):
+            return False   # (values, indices): not a tensor of codes
         return n.target in _CODE_FUNCTIONS
     return n.op == "call_method" and n.target in _CODE_METHODS
 
@@ -437,12 +441,17 @@ class StaticQuantModel(nn.Module):
         raise RuntimeError("tessera.StaticQuantModel: the graph has no output")  # pragma: no cover
 
 
+def _max_pool_codes(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """F.max_pool2d's signature on codes: ``tessera.max_pool2d_int8`` (exact; 0.82 ms of a batch-1
+    ResNet-18's 10 went to the float copy, pool and cast it replaces: torch has no int16 max_pool2d,
+    its int8 one fails on channels-last input).  Pools returning indices run in float
+    (``_is_code_op``)."""
+    return max_pool2d_int8(q, kernel_size, stride, padding, dilation, ceil_mode)
+
+
 def _run_codes(gm, n: fx.Node, q: torch.Tensor, fl):
     """An op exact on integer codes (``_is_code_op``) applied to the codes ``q`` of its first input:
-    max commutes with the increasing map code -> value, flatten / reshape move codes.  Max pooling
-    runs on a float copy of the codes (exact: |code| <= 2^15): torch has no int16 max_pool2d, its
-    int8 one fails on channels-last input and took 5.7 ms on ResNet-18's 64x112x112 NCHW map
-    against 1.3 ms for the float copy, channels-last."""
+    max commutes with the increasing map code -> value, flatten / reshape move codes."""
     args, kwargs = fl(n.args[1:]), fl(n.kwargs)
     if n.op == "call_method":
         return getattr(q, n.target)(*args, **kwargs)
@@ -450,13 +459,13 @@ def _run_codes(gm, n: fx.Node, q: torch.Tensor, fl):
         mod = gm.get_submodule(n.target)
         if isinstance(mod, (nn.Identity, nn.Dropout)):
             return q
-        if isinstance(mod, nn.MaxPool2d):   # exact on float copies of the codes (module docstring)
-            return mod(q.float()).to(q.dtype)
+        if isinstance(mod, nn.MaxPool2d):
+            return _max_pool_codes(q, mod.kernel_size, mod.stride, mod.padding, mod.dilation, mod.ceil_mode)
         return mod(q)
     if n.target is torch.nn.functional.dropout:
         return q
     if n.target is torch.nn.functional.max_pool2d:
-        return n.target(q.float(), *args, **kwargs).to(q.dtype)
+        return _max_pool_codes(q, *args, **kwargs)
     return n.target(q, *args, **kwargs)
 
 

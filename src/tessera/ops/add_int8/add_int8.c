@@ -34,7 +34,8 @@ static int64_t max_scaled(int32_t xlo, int32_t xhi, int32_t z, int32_t m, int32_
 }
 
 static void add_range_scalar(const char *a, const char *b, char *out, int64_t i0, int64_t i1, int bits16,
-                             const add_p *P) {
+                             const add_p *Pp) {
+    const add_p p = *Pp, *P = &p;   /* a local copy: the int8 stores cannot alias it (they could *Pp) */
     if (bits16) {
         const int16_t *x = (const int16_t *)a, *y = (const int16_t *)b;
         for (int64_t i = i0; i < i1; i++) ((int16_t *)out)[i] = (int16_t)add_one(x[i], y[i], P);
