@@ -227,6 +227,66 @@ INL void rq_v_store(char *out, int out16, __m512i v, __mmask16 k) {
     else _mm512_mask_cvtepi32_storeu_epi8(out, k, v);
 }
 
+/* mbqm_int64's per-channel part formed once per call: the Q15 multiplier rm, t = 15 - s and the
+ * rounding 2^(t - 1), int64 per channel (a per-tensor multiplier is repeated).  rq_v_int64 forms
+ * them again for every 8 lanes (9 of its ~21 instructions, and the saturating offset add 8 more):
+ * the int16-activation layers' requantization cost more than their VPDPWSSD GEMM. */
+typedef struct {
+    int64_t *rm, *t, *rnd;
+} rq64_t;
+
+static inline int rq64_init(rq64_t *k, const int32_t *mult, const int32_t *shift, int64_t cs, int64_t C) {
+    int64_t *buf = (int64_t *)aligned_alloc(64, (size_t)((3 * C * 8 + 63) & ~(int64_t)63));
+    if (!buf) return -1;
+    k->rm = buf, k->t = buf + C, k->rnd = buf + 2 * C;
+    for (int64_t c = 0; c < C; c++) {
+        const int64_t m = mult[cs ? c : 0], t = 15 - (int64_t)shift[cs ? c : 0];
+        k->rm[c] = m < 0x7FFF0000 ? (m + (1 << 15)) >> 16 : 0x7FFF;
+        k->t[c] = t;
+        k->rnd[c] = (int64_t)1 << (t - 1);
+    }
+    return 0;
+}
+
+static inline void rq64_free(rq64_t *k) { free(k->rm); }
+
+/* rq_v_int64 with the per-channel part loaded from K (channels c .. c + 7); off_sat 0 where the
+ * caller has shown acc + off cannot overflow int64 (the plain add is then the saturating one) */
+INL __m256i rq_v_int64k(const int64_t *a, const int64_t *off, int off_sat, __mmask8 k, const rq64_t *K, int64_t c,
+                        __m512i lo, __m512i hi) {
+    __m512i x = _mm512_maskz_loadu_epi64(k, a);
+    if (off) {
+        const __m512i b = _mm512_maskz_loadu_epi64(k, off), r = _mm512_add_epi64(x, b);
+        if (off_sat) {
+            const __mmask8 ovf = _mm512_movepi64_mask(_mm512_and_si512(_mm512_xor_si512(x, r), _mm512_xor_si512(b, r)));
+            x = _mm512_mask_mov_epi64(r, ovf, _mm512_xor_si512(_mm512_srai_epi64(x, 63), _mm512_set1_epi64(INT64_MAX)));
+        } else {
+            x = r;
+        }
+    }
+    x = _mm512_max_epi64(_mm512_min_epi64(x, _mm512_set1_epi64(((int64_t)1 << 47) - 1)),
+                         _mm512_set1_epi64(-((int64_t)1 << 47)));
+    __m512i v = _mm512_add_epi64(_mm512_mullo_epi64(x, _mm512_maskz_loadu_epi64(k, K->rm + c)),
+                                 _mm512_maskz_loadu_epi64(k, K->rnd + c));
+    v = _mm512_srav_epi64(v, _mm512_maskz_loadu_epi64(k, K->t + c));
+    return _mm512_cvtepi64_epi32(_mm512_max_epi64(_mm512_min_epi64(v, hi), lo));
+}
+
+/* one row of C int64 accumulators (channels c0 .. c0 + C of K) into out, 16 channels a step */
+INL void rq_row_v64k(const int64_t *acc, const int64_t *off, int off_sat, const rq64_t *K, int64_t c0, int64_t C,
+                     int64_t zp, int64_t qmin, int64_t qmax, char *out, const int out16) {
+    const __m512i lo = _mm512_set1_epi64(qmin - zp), hi = _mm512_set1_epi64(qmax - zp);
+    const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
+    for (int64_t c = 0; c < C; c += 16) {
+        const __mmask16 k = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
+        const __m256i rl = rq_v_int64k(acc + c, off ? off + c : NULL, off_sat, (__mmask8)k, K, c0 + c, lo, hi);
+        const __m256i rh = rq_v_int64k(acc + c + 8, off ? off + c + 8 : NULL, off_sat, (__mmask8)(k >> 8), K,
+                                       c0 + c + 8, lo, hi);
+        const __m512i r = _mm512_inserti64x4(_mm512_castsi256_si512(rl), rh, 1);
+        rq_v_store(out + c * (out16 ? 2 : 1), out16, _mm512_add_epi32(r, vzp), k);
+    }
+}
+
 /* one row, 16 channels a step (masked tail) */
 INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, const int cs, const int64_t *off,
                   int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, const int out16, const int mode) {

@@ -92,6 +92,10 @@ typedef struct rq_s {
     int64_t zp, qmin, qmax; int rounding;
     char *out; int64_t so; int out16;
     int fold;   /* the broadcast kernel subtracts -off with its 128 cs correction (no int32 overflow possible) */
+#ifdef TSR_AVX512
+    const rq64_t *k64;   /* int64 accumulators (int16 x): the per-channel part, formed once (tessera_requant.h) */
+    int off_sat;         /* acc + off may overflow int64: the saturating add (else the plain one equals it) */
+#endif
 } rq_t;
 
 /* requantize acc (n int32 or int64 values: columns n0 .. n0 + n of row m) into the output row */
@@ -101,6 +105,10 @@ static void rq_put(const rq_t *R, const char *acc, int acc64, int64_t m, int64_t
     const int64_t *off = R->off && !folded ? R->off + n0 : NULL;
     const int mode = acc64 ? 2 : (R->rounding == RQ_SINGLE ? 1 : 0);
 #ifdef TSR_AVX512
+    if (acc64 && R->k64) {
+        rq_row_v64k((const int64_t *)acc, off, R->off_sat, R->k64, n0, n, R->zp, R->qmin, R->qmax, o, R->out16);
+        return;
+    }
 #define RQ(MODE) (R->cs ? rq_row_v(acc, mu, sh, 1, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE) \
                         : rq_row_v(acc, mu, sh, 0, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE))
 #else
@@ -604,22 +612,37 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
      * saturating int64 add of the contract equals the broadcast kernel's wrapping one */
     int fold = bits == 8 && off != NULL;
     for (int64_t n = 0; fold && n < N; n++) fold = off[n] >= -(INT32_MAX - K * 16384) && off[n] <= INT32_MAX - K * 16384;
-    const rq_t R = {mult, shift, cs, off, zp, qmin, qmax, rounding, (char *)out, so, out16, fold};
+    rq_t R = {mult, shift, cs, off, zp, qmin, qmax, rounding, (char *)out, so, out16, fold};
+    const int acc64 = bits == 16;
+#ifdef TSR_AVX512
+    rq64_t k64 = {NULL, NULL, NULL};
+    if (acc64) {   /* |sum q w| <= K 2^22: an offset below INT64_MAX - K 2^22 cannot overflow the add */
+        if (rq64_init(&k64, mult, shift, cs, N)) return TSR_ENOMEM;
+        R.k64 = &k64;
+        for (int64_t n = 0; off && n < N; n++)
+            R.off_sat |= off[n] > INT64_MAX - K * ((int64_t)1 << 22) || off[n] < -(INT64_MAX - K * ((int64_t)1 << 22));
+    }
+#endif
     job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
                w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R};
-    int amx;
-    if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J)) return qi8_run(J, vnni_ok, nthreads);
-    const int acc64 = bits == 16;
-    char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
-    if (!acc) return TSR_ENOMEM;
-    J.y = acc;
-    J.rq = NULL;
-    int rc = qi8_run(J, vnni_ok, nthreads);
-    if (rc == TSR_OK) {
+    int amx, rc;
+    if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J)) {
+        rc = qi8_run(J, vnni_ok, nthreads);
+    } else {
+        char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
+        rc = acc ? TSR_OK : TSR_ENOMEM;
+        J.y = acc;
+        J.rq = NULL;
+        if (rc == TSR_OK) rc = qi8_run(J, vnni_ok, nthreads);
+        if (rc == TSR_OK) {
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
-        for (int64_t m = 0; m < M; m++) rq_put(&R, acc + m * N * (acc64 ? 8 : 4), acc64, m, 0, N, 0);
+            for (int64_t m = 0; m < M; m++) rq_put(&R, acc + m * N * (acc64 ? 8 : 4), acc64, m, 0, N, 0);
+        }
+        free(acc);
     }
-    free(acc);
+#ifdef TSR_AVX512
+    if (acc64) rq64_free(&k64);
+#endif
     return rc;
 }
 

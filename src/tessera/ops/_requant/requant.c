@@ -245,6 +245,34 @@ INL void dw_row_v(const int8_t *xb, int64_t sh, int64_t sw, const int32_t *wt, c
         for (int j = 0; j < 4; j++) _mm512_mask_storeu_epi32(a + c0 + 16 * j, k[j], acc[j]);
     }
 }
+
+/* dw_row_v for int16 channels-last x (CMSIS-NN s16, int64 accumulators): 16 channels a step,
+ * each tap's int16 codes widened (vpmovsxwd) and multiplied by the int32 weights in int32 lanes
+ * (|x w| <= 2^15 * 2^7 = 2^22, so a window of up to 511 taps sums exactly in int32: the caller
+ * checks), the sums sign-extended into the int64 row (the scalar loop it replaces loaded and
+ * stored that int64 row once a tap).  The zero point enters as the padding taps' value (the
+ * offset subtracts zp * sum w); the row starts at 0. */
+INL void dw_row_v16(const int16_t *xb, int64_t sh, int64_t sw, const int32_t *wt, int64_t C, int64_t H, int64_t W,
+                    int64_t kh, int64_t kw, int64_t iy0, int64_t ix0, int64_t dl_h, int64_t dl_w, int32_t zp,
+                    int64_t *a) {
+    const __m512i vzp = _mm512_set1_epi32(zp);
+    for (int64_t c0 = 0; c0 < C; c0 += 16) {
+        const __mmask16 k = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        __m512i acc = _mm512_setzero_si512();
+        for (int64_t ky = 0; ky < kh; ky++) {
+            const int64_t iy = iy0 + ky * dl_h;
+            for (int64_t kx = 0; kx < kw; kx++) {
+                const int64_t ix = ix0 + kx * dl_w;
+                const __m512i w = _mm512_maskz_loadu_epi32(k, wt + (ky * kw + kx) * C + c0);
+                const __m512i xv = iy >= 0 && iy < H && ix >= 0 && ix < W
+                    ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, xb + iy * sh + ix * sw + c0)) : vzp;
+                acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(xv, w));
+            }
+        }
+        _mm512_mask_storeu_epi64(a + c0, (__mmask8)k, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc)));
+        _mm512_mask_storeu_epi64(a + c0 + 8, (__mmask8)(k >> 8), _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc, 1)));
+    }
+}
 #endif
 
 /* one requantized output row of the depthwise conv (tsr_dw_requant) */
@@ -253,9 +281,16 @@ INL void dw_requant_row(const void *x, int es, int64_t r, int64_t C, int64_t H, 
                         int64_t st_w, int64_t pd_h, int64_t pd_w, int64_t dl_h, int64_t dl_w, int64_t Ho, int64_t Wo,
                         int64_t zp, const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off,
                         const int32_t *init, int64_t ozp, int64_t qmin, int64_t qmax, int mode, char *o, int out16,
-                        void *acc) {
+                        void *acc, const void *k64v, int off_sat) {
     const int64_t n = r / (Ho * Wo), oy = (r / Wo) % Ho, ox = r % Wo;
 #ifdef TSR_AVX512
+    const rq64_t *k64 = (const rq64_t *)k64v;
+    if (es == 2 && sc == 1 && k64 && kh * kw <= 511) {   /* int16 x: the vector taps, the int64 constants */
+        dw_row_v16((const int16_t *)x + n * sn, sh, sw, wt, C, H, W, kh, kw, oy * st_h - pd_h, ox * st_w - pd_w,
+                   dl_h, dl_w, (int32_t)zp, (int64_t *)acc);
+        rq_row_v64k((const int64_t *)acc, off, off_sat, k64, 0, C, ozp, qmin, qmax, o, out16);
+        return;
+    }
     if (es == 1 && sc == 1)
         dw_row_v((const int8_t *)x + n * sn, sh, sw, wt, init, C, H, W, kh, kw, oy * st_h - pd_h, ox * st_w - pd_w, dl_h,
                  dl_w, (int32_t)zp, (int32_t *)acc);
@@ -299,6 +334,22 @@ int tsr_dw_requant(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int6
         init = big ? NULL : (int32_t *)aligned_alloc(64, (size_t)((C * 4 + 63) & ~(int64_t)63));
         for (int64_t c = 0; init && c < C; c++) init[c] = (int32_t)off[c];
     }
+    /* int16 x: the int64 requantization's per-channel part once; |sum x w| <= taps 2^22, so an
+     * offset below INT64_MAX - taps 2^22 needs no saturating add */
+    void *k64 = NULL;
+    int off_sat = 0;
+#ifdef TSR_AVX512
+    rq64_t k64s;
+    if (es == 2) {
+        if (rq64_init(&k64s, mult, shift, cs, C)) {
+            free(init);
+            return TSR_ENOMEM;
+        }
+        k64 = &k64s;
+        const int64_t lim = INT64_MAX - kh * kw * ((int64_t)1 << 22);
+        for (int64_t c = 0; off && c < C; c++) off_sat |= off[c] > lim || off[c] < -lim;
+    }
+#endif
     int failed = 0;
     TSR_TEAM(tsr_threads(nthreads), reduction(| : failed), {
         void *acc = aligned_alloc(64, (size_t)((C * 8 + 63) & ~(int64_t)63));
@@ -308,10 +359,13 @@ _Pragma("omp for schedule(static)")
             if (!failed)
                 dw_requant_row(x, es, r, C, H, W, sn, sc, sh, sw, wt, kh, kw, st_h, st_w, pd_h, pd_w, dl_h, dl_w, Ho,
                                Wo, zp, mult, shift, cs, off, init, ozp, qmin, qmax, mode, (char *)out + r * so * oe,
-                               out16, acc);
+                               out16, acc, k64, off_sat);
         free(acc);
     });
     free(init);
+#ifdef TSR_AVX512
+    if (k64) rq64_free(&k64s);
+#endif
     return failed ? TSR_ENOMEM : TSR_OK;
 }
 #undef DW_ROW
