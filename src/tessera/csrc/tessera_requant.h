@@ -137,6 +137,7 @@ INL __m512i rq_v_acc32(const int32_t *a, const int64_t *off, __mmask16 k) {
  *       AWAY from zero (-1.5 -> -2, 1.5 -> 2). */
 typedef struct {   /* rq_v_double's per-channel part: what depends only on (m, s) */
     __m512i m, mo, left, e, mask, half;   /* mo: m's odd lanes moved down; half = mask >> 1 */
+    __m512i re, ro, te, to, se, so;       /* the one-shift form (below), even / odd lanes as int64 */
     int any_left;                          /* a lane shifts left (s > 0) */
     int any_min;                           /* a lane's m is INT32_MIN (a * m may be 2^62) */
 } rq_v_dch;
@@ -152,9 +153,26 @@ INL rq_v_dch rq_v_double_ch(__m512i m, __m512i s) {
     c.e = _mm512_max_epi32(_mm512_sub_epi32(zero, s), zero);
     c.mask = _mm512_sub_epi32(_mm512_sllv_epi32(one, c.e), one);
     c.half = _mm512_srli_epi32(c.mask, 1);
+    /* per int64 lane: r = 2^30 + (e > 0 ? 2^(30 + e) : 0), t = 31 + e, sub = (e > 0 ? 2^31 : 0) */
+    const __m512i ee = _mm512_and_si512(c.e, _mm512_set1_epi64(0xFFFFFFFF)), eo = _mm512_srli_epi64(c.e, 32);
+    const __m512i r30 = _mm512_set1_epi64((int64_t)1 << 30), z64 = _mm512_setzero_si512();
+    c.re = _mm512_add_epi64(r30, _mm512_mask_sllv_epi64(z64, _mm512_cmpgt_epi64_mask(ee, z64), r30, ee));
+    c.ro = _mm512_add_epi64(r30, _mm512_mask_sllv_epi64(z64, _mm512_cmpgt_epi64_mask(eo, z64), r30, eo));
+    c.te = _mm512_add_epi64(ee, _mm512_set1_epi64(31));
+    c.to = _mm512_add_epi64(eo, _mm512_set1_epi64(31));
+    c.se = _mm512_maskz_mov_epi64(_mm512_cmpgt_epi64_mask(ee, z64), _mm512_set1_epi64((int64_t)1 << 31));
+    c.so = _mm512_maskz_mov_epi64(_mm512_cmpgt_epi64_mask(eo, z64), _mm512_set1_epi64((int64_t)1 << 31));
     return c;
 }
 
+/* rq_v_double's steps after the per-channel part.  The usual case (no m == INT32_MIN) in one
+ * rounding shift per int64 lane: with u = a*m + 2^30, SRDHM is h = floor(u / 2^31) and RDBPOT by
+ * e >= 1 is floor((h + 2^(e-1) - [h < 0]) / 2^e); floor(floor(v / 2^31) / 2^e) = floor(v / 2^(31+e))
+ * and h < 0 iff u < 0, so
+ *     r = (a*m + 2^30 + 2^(30+e) - [a*m < -2^30] 2^31) >> (31 + e)      (e = 0: (a*m + 2^30) >> 31)
+ * exactly (|a*m| <= 2^62, so nothing overflows int64).  5 instructions on the shift / multiply port
+ * where the two-step form took 7.  Where a lane's m is INT32_MIN the two-step form runs (its
+ * a == m == INT32_MIN saturation: 2^31 -> INT32_MAX, which this form misses at e = 0). */
 INL __m512i rq_v_double_pre(__m512i a, const rq_v_dch *c) {
     const __m512i one = _mm512_set1_epi32(1);
     if (c->any_left) {   /* a left shift somewhere (rare: scales >= 1) */
@@ -162,12 +180,24 @@ INL __m512i rq_v_double_pre(__m512i a, const rq_v_dch *c) {
         const __mmask16 ovf = _mm512_cmpneq_epi32_mask(_mm512_srav_epi32(sl, c->left), a);
         a = _mm512_mask_mov_epi32(sl, ovf, _mm512_xor_si512(_mm512_srai_epi32(a, 31), _mm512_set1_epi32(INT32_MAX)));
     }
+    if (!c->any_min) {
+        const __m512i lim = _mm512_set1_epi64(-((int64_t)1 << 30));
+        const __m512i pe = _mm512_mul_epi32(a, c->m), po = _mm512_mul_epi32(_mm512_srli_epi64(a, 32), c->mo);
+        const __m512i ve = _mm512_mask_sub_epi64(_mm512_add_epi64(pe, c->re), _mm512_cmplt_epi64_mask(pe, lim),
+                                                 _mm512_add_epi64(pe, c->re), c->se);
+        const __m512i vo = _mm512_mask_sub_epi64(_mm512_add_epi64(po, c->ro), _mm512_cmplt_epi64_mask(po, lim),
+                                                 _mm512_add_epi64(po, c->ro), c->so);
+        /* the low dwords of the shifted even / odd lanes, interleaved back */
+        return _mm512_permutex2var_epi32(_mm512_srav_epi64(ve, c->te),
+                                         _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+                                         _mm512_srav_epi64(vo, c->to));
+    }
     const __m512i r30 = _mm512_set1_epi64((int64_t)1 << 30);
     const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(a, c->m), r30);
     const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(a, 32), c->mo), r30);
     __m512i h = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 31), _mm512_slli_epi64(po, 1));
-    if (c->any_min)   /* only a == m == INT32_MIN wraps h to INT32_MIN */
-        h = _mm512_mask_sub_epi32(h, _mm512_cmpeq_epi32_mask(h, _mm512_set1_epi32(INT32_MIN)), h, one);
+    /* only a == m == INT32_MIN wraps h to INT32_MIN */
+    h = _mm512_mask_sub_epi32(h, _mm512_cmpeq_epi32_mask(h, _mm512_set1_epi32(INT32_MIN)), h, one);
     const __m512i thr = _mm512_sub_epi32(c->half, _mm512_srai_epi32(h, 31));
     const __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(h, c->mask), thr);
     const __m512i r = _mm512_srav_epi32(h, c->e);
