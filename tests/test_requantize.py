@@ -285,15 +285,16 @@ def test_depthwise_int8_offset_paths(bias_mag):
 
 @pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 1, 1), (1, 0, (2, 1)), (2, 2, 1),
                                                      ((1, 2), (2, 0), (2, 1)), (1, 0, 2)])
-@pytest.mark.parametrize("C,W", [(1, 1), (16, 7), (70, 13), (33, 17)])
-def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W):
+@pytest.mark.parametrize("C,W,kh", [(1, 1, 3), (16, 7, 3), (70, 13, 3), (33, 17, 3), (130, 5, 2), (65, 6, 5)])
+def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W, kh):
     """tsr_dw_requant_k3 (int8 x, 3-wide taps, horizontal stride 1 or 2: fp32 sums, requantized in
-    registers) against the int64 reference: partial tiles (W < 8, 13, 17), channel tails, padding
-    rows and columns, vertical dilation, both roundings, int8 and int16 outputs, per-channel and
-    per-tensor scales; and the integer tap loop it replaces (forced) gives the same bits."""
+    registers) against the int64 reference: partial tiles (W < 8, 13, 17), channel tails (65, 130),
+    kh x 3 windows (kh 2, 3, 5), padding rows and columns, vertical dilation, both roundings, int8
+    and int16 outputs, per-channel and per-tensor scales, a fused ReLU's clamp; and the integer tap
+    loop it replaces (forced) gives the same bits."""
     from tessera.ops._requant import cpu as rq
     gen = torch.Generator().manual_seed(C * 100 + W)
-    w = torch.randint(-128, 128, (C, 1, 3, 3), generator=gen, dtype=torch.int8)
+    w = torch.randint(-128, 128, (C, 1, kh, 3), generator=gen, dtype=torch.int8)
     b = torch.randint(-30000, 30000, (C,), generator=gen, dtype=torch.int32)
     pw = padding[1] if isinstance(padding, tuple) else padding
     W = W if pw else max(W, 5)   # no horizontal padding: at least one output column
@@ -304,7 +305,7 @@ def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W):
         m = torch.randint(2**30, 2**31 - 1, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
         s = torch.randint(-12, 1, (n,), generator=gen, dtype=torch.int32)
         for zp in (-128, 5, 127):
-            args = (x, zp, w, b, m, s, 3, stride, padding, dilation, C)
+            args = (x, zp, w, b, m, s, 3, stride, padding, dilation, C, 3 if zp == 5 else None)   # zp 5: ReLU
             kw = dict(rounding=rounding, out_dtype=out_dtype)
             want = tessera.conv2d_int8(*args, backend="reference", **kw)
             assert torch.equal(tessera.conv2d_int8(*args, backend="cpu", **kw), want)
