@@ -51,6 +51,7 @@ _OPS = {
     "int_mm": ("tessera.ops.int_mm", "_int_mm_impl"),
     "conv2d": ("tessera.ops.conv2d", "_conv2d_impl"),
     "conv2d_int8": ("tessera.ops.conv2d_int8", "_impl"),
+    "add_int8": ("tessera.ops.add_int8", "_add_int8_impl"),
 }
 # what the dispatch rule reads (tessera.dispatch): the C++ conv2d twin replays a learned route only
 # while none of these was replaced (csrc/fastpath_conv2d.h); thresholds()'s result is checked too

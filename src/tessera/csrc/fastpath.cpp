@@ -48,12 +48,12 @@ namespace {
 
 // kernels (C entry points) and the Python bodies they stand in for
 enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, GLU_FWD, QI8_MM, CONV_FWD, CONV_FWD_DW, CONV_PACK,
-            RQ_MM, RQ_IM2COL, RQ_TRANSPOSE, RQ_DW, RQ_DW_K3, NSLOTS };
+            RQ_MM, RQ_IM2COL, RQ_TRANSPOSE, RQ_DW, RQ_DW_K3, ADD_I8, NSLOTS };
 const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_norm_fwd", "tsr_rms_norm_fwd",
                                   "tsr_glu_fwd", "tsr_qi8_mm", "tsr_conv2d_fwd", "tsr_conv2d_fwd_dw",
                                   "tsr_conv2d_pack", "tsr_qi8_mm_rq", "tsr_im2col", "tsr_transpose_i8",
-                                  "tsr_dw_requant", "tsr_dw_requant_k3"};
-enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, CONV2D_INT8, NBODIES };
+                                  "tsr_dw_requant", "tsr_dw_requant_k3", "tsr_add_int8"};
+enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, CONV2D_INT8, ADD_INT8, NBODIES };
 enum ActKind { KIND_SILU = 0, KIND_GELU = 1, KIND_GELU_TANH = 2 };  // ops/_elementwise: SILU, GELU, GELU_TANH
 
 struct Kernel {
@@ -381,6 +381,65 @@ py::object rms_norm(py::handle x_obj, py::handle w_obj, py::handle r_obj, py::ha
   return py::handle(g_impl[RMS_NORM])(x_obj, w_obj, r_obj, eps_obj, backend);
 }
 
+// a plain Python int (not a bool) in [lo, hi]
+bool int_in(py::handle obj, int64_t lo, int64_t hi, int64_t &v) {
+  PyObject *o = obj.ptr();
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow || (x == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  v = x;
+  return x >= lo && x <= hi;
+}
+
+// add_int8 (ops/add_int8, _add_int8_impl's arguments): a and b cpu int8 / int16 tensors of one shape, both contiguous or both
+// channels-last with a not also contiguous (the op's output layout rule), every parameter a plain
+// int inside _resolve's ranges (the left shift's int32 bound included).  Anything else -- broadcasting,
+// other layouts, empty tensors, a bad value -- runs the Python body, which also raises the errors.
+py::object add_int8(py::handle a_obj, py::handle b_obj, py::handle za_o, py::handle ma_o, py::handle sa_o,
+                    py::handle zb_o, py::handle mb_o, py::handle sb_o, py::handle mo_o, py::handle so_o,
+                    py::handle zo_o, py::handle qmin_o, py::handle qmax_o, py::handle left_o, py::handle backend) {
+  void *fn = is_cpu_request(backend.ptr()) && THPVariable_CheckExact(a_obj.ptr()) && THPVariable_CheckExact(b_obj.ptr())
+                 ? kernel(ADD_I8) : nullptr;
+  if (fn) {
+    const at::Tensor &a = THPVariable_Unpack(a_obj.ptr()), &b = THPVariable_Unpack(b_obj.ptr());
+    const bool i16 = a.scalar_type() == at::kShort;
+    const int64_t lo = i16 ? -32768 : -128, hi = i16 ? 32767 : 127, i32 = INT32_MAX;
+    int64_t za, ma, sa, zb, mb, sb, mo, so, zo, qmin, qmax, left;
+    bool ok = a.device().is_cpu() && b.device().is_cpu() && (i16 || a.scalar_type() == at::kChar) &&
+              b.scalar_type() == a.scalar_type() && a.sizes().equals(b.sizes()) && a.dim() >= 1 && a.numel() > 0 &&
+              int_in(za_o, lo, hi, za) && int_in(zb_o, lo, hi, zb) && int_in(zo_o, lo, hi, zo) &&
+              int_in(ma_o, -i32 - 1, i32, ma) && int_in(mb_o, -i32 - 1, i32, mb) && int_in(mo_o, -i32 - 1, i32, mo) &&
+              int_in(sa_o, -31, 30, sa) && int_in(sb_o, -31, 30, sb) && int_in(so_o, -31, 30, so) &&
+              int_in(qmin_o, lo, hi, qmin) && int_in(qmax_o, qmin, hi, qmax) && int_in(left_o, 0, 30, left) &&
+              (std::max(hi - std::min(za, zb), std::max(za, zb) - lo) << left) <= i32;
+    const bool cl = a.dim() == 4 && !a.is_contiguous() && a.is_contiguous(at::MemoryFormat::ChannelsLast);
+    if (ok && (cl ? b.is_contiguous(at::MemoryFormat::ChannelsLast) : a.is_contiguous() && b.is_contiguous())) {
+      at::Tensor y = cl ? at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::ChannelsLast))
+                        : at::empty(a.sizes(), a.options());
+      const char *t = std::getenv("TESSERA_ADD_INT8_TABLE");   // cpu.py: _env.get(..., "1") != "0"
+      const int table = !(t && std::strcmp(t, "0") == 0);
+      const int64_t n = a.numel();
+      using F = int (*)(const void *, const void *, int64_t, int, int, int, int, int, int, int, int, int, int, int,
+                        int, int, int, void *, int);
+      int rc = launch(n, [&] {
+        return ((F)fn)(a.data_ptr(), b.data_ptr(), n, i16 ? 16 : 8, (int)za, (int)ma, (int)sa, (int)zb, (int)mb,
+                       (int)sb, (int)mo, (int)so, (int)zo, (int)qmin, (int)qmax, (int)left, table, y.data_ptr(),
+                       threads_for(n));
+      });
+      if (rc == 0) {
+        g_calls++;
+        return py::reinterpret_steal<py::object>(THPVariable_Wrap(y));
+      }
+    }
+  }
+  return py::handle(g_impl[ADD_INT8])(a_obj, b_obj, za_o, ma_o, sa_o, zb_o, mb_o, sb_o, mo_o, so_o, zo_o, qmin_o,
+                                      qmax_o, left_o, backend);
+}
+
 #include "fastpath_conv2d.h"
 #include "fastpath_conv2d_int8.h"
 
@@ -401,7 +460,7 @@ void note(const std::string &name, const std::string &isa, uint64_t address) {
 void configure(const std::string &best_isa, int64_t nt_min_bytes, int64_t parallel_min, int64_t softmax_scratch,
                int64_t qi8_max_k, py::object override_var, py::dict impls) {
   static const char *names[NBODIES] = {"silu", "softmax", "layer_norm", "rms_norm", "gelu", "swiglu", "geglu",
-                                       "int_mm", "conv2d", "conv2d_int8"};
+                                       "int_mm", "conv2d", "conv2d_int8", "add_int8"};
   g_qi8_max_k = qi8_max_k;
   g_best_isa = best_isa;
   g_nt_min_bytes = nt_min_bytes;
@@ -510,7 +569,7 @@ PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 #define TSR_BODY(name, n) {#name, (PyCFunction)(void (*)(void))fastcall<n, name>, METH_FASTCALL, nullptr}
 PyMethodDef g_bodies[] = {TSR_BODY(silu, 2),       TSR_BODY(softmax, 3), TSR_BODY(layer_norm, 6),
                           TSR_BODY(rms_norm, 5),   TSR_BODY(gelu, 3),    TSR_BODY(swiglu, 3),
-                          TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),
+                          TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),  TSR_BODY(add_int8, 15),
                           // (conv2d and conv2d_int8 are METH_FASTCALL functions themselves: fastpath_conv2d*.h)
                           {"conv2d", (PyCFunction)(void (*)(void))conv2d, METH_FASTCALL, nullptr},
                           {"conv2d_int8", (PyCFunction)(void (*)(void))conv2d_int8, METH_FASTCALL, nullptr},
