@@ -12,19 +12,17 @@ The op-contract matrix (tests/test_matrix.py) runs the spec's cases on every bac
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tessera
 from tessera._registry import Case, backend_available
 from tessera.ops.add_int8 import add_int8_ref
 from tessera.ops.add_int8.ref import _scaled
-from tessera.testing.matrix import run_case
+from tessera.testing.matrix import fuzz_spec
 
 CPU = torch.device("cpu")
 BACKENDS = [b for b in ("reference", "cpu", "triton") if backend_available(b, CPU)[0]]
@@ -213,14 +211,4 @@ def _add_inputs(draw):
 @pytest.mark.fuzz
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
 def test_fuzz_add_int8_vs_reference(backend):
-    spec = tessera.OPS["add_int8"]
-
-    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True,
-              database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(drawn=_add_inputs())
-    def check(drawn):
-        dtype, case = drawn
-        r = run_case(spec, backend, dtype, case)
-        assert r.ok, f"{backend} {case.name}: {r.why}"
-
-    check()
+    fuzz_spec("add_int8", backend, _add_inputs())

@@ -9,17 +9,15 @@ The op-contract matrix (tests/test_matrix.py) runs the spec's cases on every bac
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tessera
 from tessera._registry import Case, backend_available
-from tessera.testing.matrix import run_case
+from tessera.testing.matrix import fuzz_spec
 
 CPU = torch.device("cpu")
 BACKENDS = [b for b in ("cpu", "triton") if backend_available(b, CPU)[0]]
@@ -97,14 +95,4 @@ def _pool_inputs(draw):
 @pytest.mark.fuzz
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fuzz_max_pool2d_int8_vs_reference(backend):
-    spec = tessera.OPS["max_pool2d_int8"]
-
-    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True,
-              database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(drawn=_pool_inputs())
-    def check(drawn):
-        dtype, case = drawn
-        r = run_case(spec, backend, dtype, case)
-        assert r.ok, f"{backend} {case.name}: {r.why}"
-
-    check()
+    fuzz_spec("max_pool2d_int8", backend, _pool_inputs())

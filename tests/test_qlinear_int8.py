@@ -28,7 +28,7 @@ import tessera
 from tessera._library import new_output
 from tessera._registry import Case, backend_available
 from tessera.quant import contract
-from tessera.testing.matrix import run_case
+from tessera.testing.matrix import fuzz_spec, run_case
 
 CPU = torch.device("cpu")
 BACKENDS = [b for b in ("cpu", "reference", "triton", "opencl") if backend_available(b, CPU)[0]]
@@ -299,17 +299,7 @@ def _linear_inputs(draw):
 @pytest.mark.parametrize("backend", NATIVE)
 @pytest.mark.parametrize("op", sorted(LINEARS))
 def test_fuzz_linear_vs_reference(op, backend):
-    spec = tessera.OPS[op]
-
-    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(drawn=_linear_inputs())
-    def check(drawn):
-        dtype, case = drawn
-        r = run_case(spec, backend, dtype, case)
-        assert r.ok, f"{op} {backend} {case.name} {dtype}: {r.why}"
-
-    check()
+    fuzz_spec(op, backend, _linear_inputs())
 
 
 @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "30")), deadline=None, derandomize=True, database=None,

@@ -12,18 +12,16 @@ The op-contract matrix (tests/test_matrix.py) runs every spec case on every back
 from __future__ import annotations
 
 import json
-import os
 from unittest import mock
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tessera
 from tessera._registry import Case, backend_available
-from tessera.testing.matrix import run_case
+from tessera.testing.matrix import fuzz_spec
 
 CPU = torch.device("cpu")
 BACKENDS = [b for b in ("reference", "cpu", "triton", "opencl") if backend_available(b, CPU)[0]]
@@ -165,17 +163,7 @@ def _requant_inputs(draw):
 @pytest.mark.fuzz
 @pytest.mark.parametrize("backend", [b for b in _backends("requantize") if b != "reference"])
 def test_fuzz_requantize_vs_reference(backend):
-    spec = tessera.OPS["requantize"]
-
-    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True,
-              database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(drawn=_requant_inputs())
-    def check(drawn):
-        dtype, case = drawn
-        r = run_case(spec, backend, dtype, case)
-        assert r.ok, f"{backend} {case.name}: {r.why}"
-
-    check()
+    fuzz_spec("requantize", backend, _requant_inputs())
 
 
 # ---------------------------------------------------------------- linear_int8_requant / conv2d_int8
@@ -472,14 +460,4 @@ def _linear_inputs(draw):
 @pytest.mark.parametrize("op,inputs", [("conv2d_int8", _conv_inputs), ("linear_int8_requant", _linear_inputs)])
 def test_fuzz_int_pipeline_vs_reference(op, inputs):
     """The compiled CPU kernels (im2col, VNNI GEMM, requant.c) against the int64 reference."""
-    spec = tessera.OPS[op]
-
-    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "25")), deadline=None, derandomize=True,
-              database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(drawn=inputs())
-    def check(drawn):
-        dtype, case = drawn
-        r = run_case(spec, "cpu", dtype, case)
-        assert r.ok, f"{op} {case.name} {dtype}: {r.why}"
-
-    check()
+    fuzz_spec(op, "cpu", inputs())

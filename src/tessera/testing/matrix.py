@@ -123,6 +123,28 @@ def run_case(spec: OpSpec, backend: str, dtype: torch.dtype, case: Case, device=
     return res
 
 
+def fuzz_spec(op: str, backend: str, inputs, default_examples: int = 25) -> None:
+    """Hypothesis over the (dtype, Case) pairs the strategy ``inputs`` draws, each run through
+    :func:`run_case` on ``backend`` against the op's reference: the body of the ops' own fuzz
+    tests (``spec.fuzz``), which mark themselves ``fuzz``.  The budget is TESSERA_FUZZ_EXAMPLES
+    (``pytest -m fuzz`` sets 1000; tests/test_fuzz_budget.py), derandomized, no example database."""
+    import os
+
+    from hypothesis import HealthCheck, given, settings
+
+    spec = OPS[op]
+
+    @settings(max_examples=int(os.environ.get("TESSERA_FUZZ_EXAMPLES", str(default_examples))), deadline=None,
+              derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(drawn=inputs)
+    def check(drawn):
+        dtype, case = drawn
+        r = run_case(spec, backend, dtype, case)
+        assert r.ok, f"{op} {backend} {case.name} {dtype}: {r.why}"
+
+    check()
+
+
 def cells(backends=BACKENDS, ops=None, device="cpu", include_large=True):
     """Yield every runnable (spec, backend, dtype, case) on this machine."""
     dev = torch.device(device)

@@ -3,7 +3,6 @@ elements of the flat operands, the three MultiplyByQuantizedMultiplier steps in 
 ops/_requant/triton.py's ``_mbqm`` (the same branch-free formulas as requant.c)."""
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
