@@ -14,6 +14,8 @@ activation), so kernels differ from this reference only by a few fp32 roundings.
 from __future__ import annotations
 
 
+import math
+
 import torch
 
 from ...quant import contract
@@ -33,6 +35,10 @@ def activate(y: torch.Tensor, activation) -> torch.Tensor:
     if activation == "relu":
         return torch.relu(y)
     if activation == "gelu":
+        if y.dtype == torch.float64:   # the references: Phi(y) = erfc(-y / sqrt2) / 2, no 1 + erf
+            # cancellation (torch's gelu gives 0 below y ~ -8.3, where the OpenCL epilogue's erfc gives
+            # ~1e-28: a correct value the reference called an error)
+            return 0.5 * y * torch.special.erfc(-y * math.sqrt(0.5))
         return torch.nn.functional.gelu(y)
     if activation == "gelu_tanh":
         return torch.nn.functional.gelu(y, approximate="tanh")
