@@ -13,6 +13,7 @@ ACC_DTYPES = (torch.int32, torch.int64)
 OUT_DTYPES = (torch.int8, torch.int16)
 DTYPES = OUT_DTYPES            # a requantizing op's "dtype" in the matrix is its output dtype
 SHIFT_RANGE = {torch.int32: (-31, 30), torch.int64: (-31, 7)}
+CODE_RANGE = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}   # the codes' dtypes' bounds
 
 
 def _per_channel(v: torch.Tensor, C: int) -> torch.Tensor:

@@ -33,11 +33,10 @@ from torch import Tensor
 from ... import _checks
 from ..._library import contiguous, direct
 from ..._registry import select
-from .._requant.ref import I32_MAX, I32_MIN, SHIFT_RANGE
+from .._requant.ref import CODE_RANGE, I32_MAX, I32_MIN, SHIFT_RANGE
 from .ref import DTYPES, add_codes
 
 OP = "add_int8"
-_RANGE = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 LEFT_SHIFT = {torch.int8: 20, torch.int16: 15}   # TFLite's (kernels/add.cc, general int8 / int16 path)
 
 
@@ -76,7 +75,7 @@ def resolve(a, a_zero_point, a_multiplier, a_shift, b_zero_point, b_multiplier, 
 
 def _resolve(dtype, a_zero_point, a_multiplier, a_shift, b_zero_point, b_multiplier, b_shift, out_multiplier,
              out_shift, out_zero_point, qmin, qmax, left_shift):
-    lo, hi = _RANGE[dtype]
+    lo, hi = CODE_RANGE[dtype]
     what = f" ({dtype} 'a')"
     for name, v in (("a_zero_point", a_zero_point), ("b_zero_point", b_zero_point),
                     ("out_zero_point", out_zero_point)):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..._registry import Case, OpSpec, register_op
-from . import DTYPES, OP, _RANGE, LEFT_SHIFT, add_int8, add_int8_ref, resolve
+from .._requant.ref import CODE_RANGE
+from . import DTYPES, OP, LEFT_SHIFT, add_int8, add_int8_ref, resolve
 
 
 def add_case(name, shape, b_shape=None, layout="contig", tags=(), relu=False, extreme=False, params=None):
@@ -15,7 +16,7 @@ def add_case(name, shape, b_shape=None, layout="contig", tags=(), relu=False, ex
     the sum back to about the code range (shift left_shift - 1 .. left_shift + 1 down)."""
     def mk(dtype, device, gen):
         dt = dtype if dtype in DTYPES else torch.int8
-        lo, hi = _RANGE[dt]
+        lo, hi = CODE_RANGE[dt]
         L = LEFT_SHIFT[dt]
 
         def codes(shp):

@@ -7,16 +7,15 @@ from __future__ import annotations
 import torch
 
 from ..._registry import Case, OpSpec, register_op
+from .._requant.ref import CODE_RANGE
 from . import DTYPES, OP, geometry, max_pool2d_int8, max_pool2d_int8_ref
-
-_RANGE = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 
 
 def pool_case(name, shape, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="contig",
               tags=(), extreme=None):
     def mk(dtype, device, gen):
         dt = dtype if dtype in DTYPES else torch.int8
-        lo, hi = _RANGE[dt]
+        lo, hi = CODE_RANGE[dt]
         pad = 3 if layout == "strided" else 0
         x = torch.randint(lo, hi + 1, (*shape[:-1], shape[-1] + pad), generator=gen, dtype=dt)
         if extreme == "min":     # every tap at the dtype's minimum: the initial value must not leak

@@ -49,11 +49,10 @@ from ... import _checks
 from ... import _cases as C
 from ..._library import contiguous, direct, per_tensor, rows, shaped
 from ..._registry import Case, OpSpec, register_op, select
-from .._requant.ref import ACC_DTYPES, OUT_DTYPES, SHIFT_RANGE, requantize_ref
+from .._requant.ref import ACC_DTYPES, CODE_RANGE, OUT_DTYPES, SHIFT_RANGE, requantize_ref
 
 OP = "requantize"
 ROUNDINGS = ("double", "single")
-_RANGE = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 
 
 def _int(op, name, v):
@@ -70,12 +69,12 @@ def resolve_out(acc, zero_point, qmin, qmax, rounding, out_dtype, op=OP):
     if qmax is not None:
         _int(op, "qmax", qmax)
     if out_dtype is None:
-        lo, hi = _RANGE[torch.int8]
+        lo, hi = CODE_RANGE[torch.int8]
         fits8 = all(v is None or lo <= v <= hi for v in (qmin, qmax))
         out_dtype = torch.int8 if fits8 else torch.int16
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"tessera.{op}: argument 'out_dtype'={out_dtype} is not supported; expected int8 or int16")
-    lo, hi = _RANGE[out_dtype]
+    lo, hi = CODE_RANGE[out_dtype]
     qmin = lo if qmin is None else qmin
     qmax = hi if qmax is None else qmax
     if not (lo <= qmin <= qmax <= hi):
@@ -182,7 +181,7 @@ def _case(name, shape, per_channel, rounding="double", acc64=False, layout="cont
             acc = torch.cat([acc, acc[..., :3]], -1)[..., :Cn]
         elif layout == "transposed":
             acc = acc.transpose(-1, -2).contiguous().transpose(-1, -2)
-        lo, hi = _RANGE[dtype]
+        lo, hi = CODE_RANGE[dtype]
         qmin, qmax = clamp if clamp is not None else (lo, hi)
         return {"acc": acc.to(device), "multiplier": mult.to(device), "shift": shift.to(device),
                 "zero_point": zp, "qmin": qmin, "qmax": qmax, "rounding": rounding, "out_dtype": dtype}
