@@ -121,12 +121,9 @@ VBMI_TARGET static inline void tab_lookup(__m512i x, const __m512i t[4][4], __m5
 }
 
 VBMI_TARGET static void add_range_tab(const int8_t *a, const int8_t *b, int8_t *out, int64_t i0, int64_t i1,
-                                      int sat, const add_tab *T, const add_v *V) {
-    const __m512i zo16 = _mm512_set1_epi16((int16_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(V->zo)));
-    const __m512i lo8 = _mm512_set1_epi8((int8_t)(_mm_cvtsi128_si32(_mm512_castsi512_si128(V->lo)) +
-                                                  _mm_cvtsi128_si32(_mm512_castsi512_si128(V->zo))));
-    const __m512i hi8 = _mm512_set1_epi8((int8_t)(_mm_cvtsi128_si32(_mm512_castsi512_si128(V->hi)) +
-                                                  _mm_cvtsi128_si32(_mm512_castsi512_si128(V->zo))));
+                                      int sat, const add_tab *T, const add_v *V, const add_p *P) {
+    const __m512i zo16 = _mm512_set1_epi16((int16_t)P->zo);
+    const __m512i lo8 = _mm512_set1_epi8((int8_t)(P->lo + P->zo)), hi8 = _mm512_set1_epi8((int8_t)(P->hi + P->zo));
     for (int64_t i = i0; i < i1; i += 64) {
         const __mmask64 k = _cvtu64_mask64(i1 - i >= 64 ? ~0ULL : (~0ULL >> (64 - (i1 - i))));
         __m512i ra[4], rb[4], r[4];
@@ -182,7 +179,7 @@ _Pragma("omp for schedule(static)")
             const int64_t i0 = blk * BLK, i1 = i0 + BLK < n ? i0 + BLK : n;
 #ifdef TSR_AVX512
             if (table)
-                add_range_tab((const int8_t *)a, (const int8_t *)b, (int8_t *)out, i0, i1, sat, &T, &V);
+                add_range_tab((const int8_t *)a, (const int8_t *)b, (int8_t *)out, i0, i1, sat, &T, &V, &P);
             else
                 add_range_v((const char *)a, (const char *)b, (char *)out, i0, i1, bits16, sat, &V);
 #else
