@@ -9,6 +9,13 @@
 
 #define INL static inline __attribute__((always_inline))
 
+/* TESSERA_RQ_FP32=0 keeps the integer form of the double rounding everywhere (rq_f_double below;
+ * read per call, so tests and A/B runs can flip it) */
+static inline int rq_f_enabled(void) {
+    const char *v = getenv("TESSERA_RQ_FP32");
+    return !(v && v[0] == '0' && v[1] == 0);
+}
+
 enum { RQ_DOUBLE = 0, RQ_SINGLE = 1 };
 
 INL int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -209,6 +216,54 @@ INL __m512i rq_v_double(__m512i a, __m512i m, __m512i s) {
     return rq_v_double_pre(a, &c);
 }
 
+/* The double rounding through fp32, 16 lanes in ~8 instructions where the int64 form takes ~14
+ * (the depthwise kernels' register sums, the int8 GEMM's tile).  With m > 0 and s = -e,
+ * 0 <= e <= 31, the one-shift form above is
+ *     r = floor(x + 1/2 + d),  x = a m / 2^(31+e),  d = 0 (e = 0), +2^-(e+1) (a >= 0), -2^-(e+1) (a < 0)
+ * (divide its numerator by 2^(31+e); a m < 0 iff a < 0 as m > 0, and for -2^30 <= a m < 0 both
+ * [a m < -2^30] and [a < 0] give r = 0).  Computed: y = fl(fl(a) S + copysign(2^-(e+1), a)) with
+ * S = fl(m 2^-(31+e)) (scalef: exact power-of-two scaling; S and 2^-(e+1) are normal fp32),
+ * clamped to [lo, hi] = [qmin - zp, qmax - zp] (integers), rounded to nearest.  Error: fl(a) and
+ * S are each within 2^-24 relative, so |fl(a) S - x| <= |x| 2^-22.9, and the fma's rounding adds
+ * <= |y| 2^-24: below 2^-13 wherever |y| <= 2^9 + 1 (|lo|, |hi| <= 512: int8 outputs).  A lane that
+ * the clamp decides is right whenever the error is below 1/2 (|x| < 2^20; beyond, x is far outside
+ * [lo, hi]).  An unclamped y more than the error away from a half-integer rounds as
+ * floor(y_exact + 1/2) does; a lane within EPS = 2^-11 of one (exact ties included, where rounding
+ * to even would differ) is not trusted, and the caller runs the integer form for its vector (~2 %
+ * of vectors). */
+typedef struct {
+    __m512 S, d, lo, hi;
+    int ok;   /* every (masked-in) lane has m > 0 and 0 <= e <= 31 (no left shift), and |lo|, |hi| <= 512 */
+} rq_f_ch;
+
+#define RQ_F_EPS (1.0f / 2048)
+
+
+INL rq_f_ch rq_f_double_ch(__m512i m, __m512i s, __mmask16 k, int64_t lo, int64_t hi) {
+    const __m512i zero = _mm512_setzero_si512(), e = _mm512_sub_epi32(zero, s);
+    rq_f_ch c;
+    c.ok = lo >= -512 && hi <= 512 && _mm512_mask_cmpgt_epi32_mask(k, m, zero) == k &&
+           _mm512_mask_cmpge_epi32_mask(k, e, zero) == k && _mm512_mask_cmple_epi32_mask(k, e, _mm512_set1_epi32(31)) == k;
+    c.S = _mm512_scalef_ps(_mm512_cvtepi32_ps(m), _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_set1_epi32(-31), e)));
+    c.d = _mm512_maskz_scalef_ps(_mm512_cmpgt_epi32_mask(e, zero), _mm512_set1_ps(1.0f),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_set1_epi32(-1), e)));
+    c.lo = _mm512_set1_ps((float)lo);
+    c.hi = _mm512_set1_ps((float)hi);
+    return c;
+}
+
+/* r = the clamped double rounding of 16 exact fp32 accumulators; returns the lanes not trusted */
+INL __mmask16 rq_f_double(__m512 a, const rq_f_ch *c, __m512i *r) {
+    /* (a & sign) | d: d with a's sign (ternary-logic truth table A & B | C = 0xEA) */
+    const __m512 t = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN),
+                                                                   _mm512_castps_si512(c->d), 0xEA));
+    const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(a, c->S, t), c->lo), c->hi);
+    *r = _mm512_cvt_roundps_epi32(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* y - round(y) in [-1/2, 1/2] (vreduceps, imm 8: no fraction bits kept, nearest, quiet) */
+    const __m512 f = _mm512_abs_ps(_mm512_reduce_ps(y, 8));
+    return _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f - RQ_F_EPS), _CMP_GT_OQ);
+}
+
 /* mbqm_single on 16 int32 lanes, clamped to [lo, hi] (the output range less the zero point, so the
  * 64-bit result fits int32): floor((a*m + 2^(t-1)) / 2^t), t = 31 - s in [1, 62], |a*m| <= 2^62 so
  * the sum fits int64; round half UP (toward +inf: -2.5 -> -2) as the scalar code. */
@@ -253,7 +308,10 @@ INL __m256i rq_v_int64(const int64_t *a, const int64_t *off, __mmask8 k, __m256i
 }
 
 INL void rq_v_store(char *out, int out16, __m512i v, __mmask16 k) {
-    if (out16) _mm512_mask_cvtepi32_storeu_epi16(out, k, v);
+    if (k == 0xFFFF) {   /* a register narrowing then a plain store: fewer uops than the masked store */
+        if (out16) _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(v));
+        else _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(v));
+    } else if (out16) _mm512_mask_cvtepi32_storeu_epi16(out, k, v);
     else _mm512_mask_cvtepi32_storeu_epi8(out, k, v);
 }
 
@@ -349,18 +407,32 @@ INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, co
 }
 /* rows x C int32 accumulators (row stride lda) into output rows (row stride so), the double
  * rounding (mode 0): rq_row_v's arithmetic with the per-channel part formed once per 16 columns for
- * all the rows, not once per row (a pointwise conv's GEMM tile: ~1/3 of the requantization's work) */
+ * all the rows, not once per row (a pointwise conv's GEMM tile: ~1/3 of the requantization's work);
+ * through fp32 (rq_f_double) where FAST (no offset to add: the tile holds whole accumulators) and
+ * the 16 channels allow it */
 INL void rq_tile_v_double(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
                           const int cs, const int64_t *off, int64_t C, int64_t zp, int64_t qmin, int64_t qmax,
-                          char *out, int64_t so, const int out16) {
+                          char *out, int64_t so, const int out16, const int fast) {
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
     const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
     const int oe = out16 ? 2 : 1;
     for (int64_t c = 0; c < C; c += 16) {
         const __mmask16 k = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
-        const rq_v_dch ch = rq_v_double_ch(cs ? _mm512_maskz_loadu_epi32(k, mult + c) : _mm512_set1_epi32(mult[0]),
-                                           cs ? _mm512_maskz_loadu_epi32(k, shift + c) : _mm512_set1_epi32(shift[0]));
+        const __m512i mv = cs ? _mm512_maskz_loadu_epi32(k, mult + c) : _mm512_set1_epi32(mult[0]);
+        const __m512i sv = cs ? _mm512_maskz_loadu_epi32(k, shift + c) : _mm512_set1_epi32(shift[0]);
+        const rq_v_dch ch = rq_v_double_ch(mv, sv);
         const int64_t *oc = off ? off + c : NULL;
+        const rq_f_ch fc = rq_f_double_ch(mv, sv, k, qmin - zp, qmax - zp);
+        if (fast && !off && !out16 && fc.ok) {
+            for (int64_t i = 0; i < rows; i++) {
+                const __m512i a = _mm512_maskz_loadu_epi32(k, acc + i * lda + c);
+                __m512i r;
+                if (rq_f_double(_mm512_cvtepi32_ps(a), &fc, &r) & k)
+                    r = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(a, &ch), hi32), lo32);
+                rq_v_store(out + (i * so + c) * oe, out16, _mm512_add_epi32(r, vzp), k);
+            }
+            continue;
+        }
         for (int64_t i = 0; i < rows; i++) {
             __m512i r = rq_v_double_pre(rq_v_acc32(acc + i * lda + c, oc, k), &ch);
             r = _mm512_max_epi32(_mm512_min_epi32(r, hi32), lo32);

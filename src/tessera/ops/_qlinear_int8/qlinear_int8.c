@@ -92,6 +92,7 @@ typedef struct rq_s {
     int64_t zp, qmin, qmax; int rounding;
     char *out; int64_t so; int out16;
     int fold;   /* the broadcast kernel subtracts -off with its 128 cs correction (no int32 overflow possible) */
+    int f32;    /* int8 x, the offset folded or none: rq_tile_v_double's fp32 form (tessera_requant.h) */
 #ifdef TSR_AVX512
     const rq64_t *k64;   /* int64 accumulators (int16 x): the per-channel part, formed once (tessera_requant.h) */
     int off_sat;         /* acc + off may overflow int64: the saturating add (else the plain one equals it) */
@@ -128,7 +129,7 @@ static void rq_tile(const rq_t *R, const int32_t *tile, int64_t rows, int64_t m0
     if (R->rounding != RQ_SINGLE) {   /* int32 accumulators: mode 0 */
         rq_tile_v_double(tile, 64, rows, R->mult + n0 * R->cs, R->shift + n0 * R->cs, (int)R->cs,
                          R->off && !R->fold ? R->off + n0 : NULL, n, R->zp, R->qmin, R->qmax,
-                         R->out + (m0 * R->so + n0) * (R->out16 ? 2 : 1), R->so, R->out16);
+                         R->out + (m0 * R->so + n0) * (R->out16 ? 2 : 1), R->so, R->out16, R->f32);
         return;
     }
 #endif
@@ -612,7 +613,9 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
      * saturating int64 add of the contract equals the broadcast kernel's wrapping one */
     int fold = bits == 8 && off != NULL;
     for (int64_t n = 0; fold && n < N; n++) fold = off[n] >= -(INT32_MAX - K * 16384) && off[n] <= INT32_MAX - K * 16384;
-    rq_t R = {mult, shift, cs, off, zp, qmin, qmax, rounding, (char *)out, so, out16, fold};
+    /* the tile then holds the whole accumulator, sum q w (+ off, folded) */
+    const int f32 = bits == 8 && (fold || off == NULL) && rq_f_enabled();
+    rq_t R = {mult, shift, cs, off, zp, qmin, qmax, rounding, (char *)out, so, out16, fold, f32};
     const int acc64 = bits == 16;
 #ifdef TSR_AVX512
     rq64_t k64 = {NULL, NULL, NULL};
