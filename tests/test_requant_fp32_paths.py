@@ -102,7 +102,8 @@ def test_depthwise_vnni_kernel(monkeypatch, stride, padding, C, H, W):
 
 
 def test_fp32_double_rounding_sweep(monkeypatch):
-    """A 1-column linear (acc = x w + bias, exactly controlled) through the GEMM tile: every int8
+    """A 1-column linear (acc = x w + bias, exactly controlled) through the GEMM tile, and the same
+    accumulators through tessera.requantize: every int8
     code x, 4096 output channels with weights +-1 / +-3 / 127 / -128, biases spread so y mostly
     lands inside the int8 range (where only the distrust check separates fp32 from the exact
     rounding), multipliers uniform over [2^29, 2^31) plus the tie set, negative and zero ones (the
@@ -123,6 +124,11 @@ def test_fp32_double_rounding_sweep(monkeypatch):
     span = (400 * 2.0 ** (e + 1)).clamp(max=2**30).long()
     bias = ((torch.rand(N, generator=gen) * 2 - 1) * span).long().to(torch.int32)
     s = (-e).to(torch.int32)
+    acc = (x.int() * w.int() + bias).contiguous()
     for zp, qmin, qmax in ((0, -128, 127), (-100, -128, 0)):
         _both(monkeypatch, "TESSERA_RQ_FP32", lambda be: tessera.linear_int8_requant(
             x, 0, w.reshape(N, 1), bias, m, s, zp, qmin, qmax, backend=be))
+        # the standalone op on the same accumulators (tsr_requant's row blocks), and on a column slice
+        _both(monkeypatch, "TESSERA_RQ_FP32", lambda be: tessera.requantize(acc, m, s, zp, qmin, qmax, backend=be))
+        _both(monkeypatch, "TESSERA_RQ_FP32", lambda be: tessera.requantize(
+            acc[:, 5:1000], m[5:1000], s[5:1000], zp, qmin, qmax, backend=be))

@@ -302,19 +302,23 @@ def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W, kh):
 
 
 @pytest.mark.parametrize("C,W,k,stride", [(3, 1, 7, 2), (3, 2, 7, 1), (3, 9, 7, 2), (5, 4, 3, 1), (16, 13, 3, 2),
-                                           (2, 6, 5, 3)])
-def test_im2col_tap_runs(C, W, k, stride):
+                                           (2, 6, 5, 3), (3, 11, 3, 2), (7, 5, 3, 1), (4, 8, 4, 1)])
+@pytest.mark.parametrize("xdt", [torch.int8, torch.int16])
+def test_im2col_tap_runs(C, W, k, stride, xdt):
     """tsr_im2col's one-copy-per-tap-row path (channels-last x, one group, dilation 1): runs cut by
-    the padding at either end or both (W < k), rows of padding, against the int64 reference."""
+    the padding at either end or both (W < k), rows of padding, against the int64 reference; column
+    rows of at most 64 bytes (MobileNetV2's 27-byte stem, 63 and 64 bytes) are built in one register
+    from masked loads, int8 and int16 codes."""
     gen = torch.Generator().manual_seed(C * 31 + W)
     O = 8
-    x = torch.randint(-128, 128, (2, C, 6, W), generator=gen, dtype=torch.int8).contiguous(
+    lo, hi = (-128, 128) if xdt == torch.int8 else (-32768, 32768)
+    x = torch.randint(lo, hi, (2, C, 6, W), generator=gen, dtype=xdt).contiguous(
         memory_format=torch.channels_last)
     w = torch.randint(-128, 128, (O, C, k, k), generator=gen, dtype=torch.int8)
-    b = torch.randint(-1000, 1000, (O,), generator=gen, dtype=torch.int32)
+    b = torch.randint(-1000, 1000, (O,), generator=gen, dtype=torch.int32 if xdt == torch.int8 else torch.int64)
     m = torch.randint(2**30, 2**31 - 1, (O,), generator=gen, dtype=torch.int64).to(torch.int32)
     s = torch.randint(-12, 1, (O,), generator=gen, dtype=torch.int32)
-    for zp in (-128, 9):
+    for zp in ((-128, 9) if xdt == torch.int8 else (0,)):
         args = (x, zp, w, b, m, s, 2, stride, k // 2, 1, 1)
         assert torch.equal(tessera.conv2d_int8(*args, backend="cpu"), tessera.conv2d_int8(*args, backend="reference"))
 

@@ -29,6 +29,23 @@ int tsr_requant(const void *acc, int64_t sa, int acc64, const int32_t *mult, con
                 void *out, int64_t so, int out16, int nthreads) {
     const int mode = acc64 ? 2 : (rounding == RQ_SINGLE ? 1 : 0);
     const int ae = acc64 ? 8 : 4, oe = out16 ? 2 : 1;
+#ifdef TSR_AVX512
+    if (mode == 0) {   /* blocks of rows: the per-channel part once per block, the fp32 form where it applies */
+        const int f32 = rq_f_enabled();
+        const int64_t nb = (M + 63) / 64;
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t i0 = b * 64, rows = M - i0 < 64 ? M - i0 : 64;
+            if (cs)
+                rq_tile_v_double((const int32_t *)acc + i0 * sa, sa, rows, mult, shift, 1, off, C, zp, qmin, qmax,
+                                 (char *)out + i0 * so * oe, so, out16, f32);
+            else
+                rq_tile_v_double((const int32_t *)acc + i0 * sa, sa, rows, mult, shift, 0, off, C, zp, qmin, qmax,
+                                 (char *)out + i0 * so * oe, so, out16, f32);
+        }
+        return TSR_OK;
+    }
+#endif
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
     for (int64_t i = 0; i < M; i++) {
         const char *a = (const char *)acc + i * sa * ae;
@@ -120,29 +137,63 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
                int order, void *cols, int nthreads) {
     const int64_t Kc = C * kh * kw, rows = Nb * Ho * Wo, Cg = C / groups, Kg = Cg * kh * kw;
     const char *xb = (const char *)x;
+    if (order == 1 && groups == 1 && sw == C && dl_w == 1) {
+        /* dense pixels, one group: a tap row's in-bounds taps are one contiguous run of x and of
+         * the column row -- one copy per (row, ky), not one per tap (a 3-channel stem copied 3
+         * bytes a call: 2.9 ms of ResNet-18's 7x7 stem im2col).  Image rows outer, pixels inner
+         * (no divisions per pixel); runs of up to 64 bytes as one masked load / store, not a
+         * memcpy call (MobileNetV2's stem: 9-byte runs, 3 a pixel) */
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+        for (int64_t ry = 0; ry < Nb * Ho; ry++) {
+            const int64_t n = ry / Ho, oy = ry % Ho;
+            for (int64_t ox = 0; ox < Wo; ox++) {
+                char *row = (char *)cols + (ry * Wo + ox) * Kc * es;
+                const int64_t ix0 = ox * st_w - pd_w;
+                const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < kw ? (W - ix0 > k0 ? W - ix0 : k0) : kw;
+#ifdef TSR_AVX512
+                if (Kc * es <= 64) {   /* the whole column row in one register, one masked store */
+                    __m512i v = es == 1 ? _mm512_set1_epi8((char)pad_value) : _mm512_set1_epi16((short)pad_value);
+                    for (int64_t ky = 0; ky < kh && k1 > k0; ky++) {
+                        const int64_t iy = oy * st_h - pd_h + ky * dl_h;
+                        if (iy < 0 || iy >= H) continue;
+                        const int64_t at = (ky * kw + k0) * C * es, nb = (k1 - k0) * C * es;
+                        /* the run's bytes land at [at, at + nb): load from at bytes before the run,
+                         * every byte outside the mask suppressed (no access, no fault) */
+                        const __mmask64 k = (nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1)) << at;
+                        v = _mm512_mask_loadu_epi8(v, k, xb + (n * sn + iy * sh + (ix0 + k0) * sw) * es - at);
+                    }
+                    const int64_t rb = Kc * es;
+                    _mm512_mask_storeu_epi8(row, rb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << rb) - 1), v);
+                    continue;
+                }
+#endif
+                for (int64_t ky = 0; ky < kh; ky++) {
+                    const int64_t iy = oy * st_h - pd_h + ky * dl_h;
+                    char *dst = row + ky * kw * C * es;
+                    if (iy < 0 || iy >= H || k1 <= k0) {
+                        fill(dst, es, kw * C, pad_value);
+                        continue;
+                    }
+                    if (k0) fill(dst, es, k0 * C, pad_value);
+                    const char *src = xb + (n * sn + iy * sh + (ix0 + k0) * sw) * es;
+                    const int64_t nb = (k1 - k0) * C * es;
+#ifdef TSR_AVX512
+                    if (nb <= 64) {
+                        const __mmask64 k = nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1);
+                        _mm512_mask_storeu_epi8(dst + k0 * C * es, k, _mm512_maskz_loadu_epi8(k, src));
+                    } else
+#endif
+                        memcpy(dst + k0 * C * es, src, (size_t)nb);
+                    if (k1 < kw) fill(dst + k1 * C * es, es, (kw - k1) * C, pad_value);
+                }
+            }
+        }
+        return TSR_OK;
+    }
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t n = r / (Ho * Wo), oy = (r / Wo) % Ho, ox = r % Wo;
         char *row = (char *)cols + r * Kc * es;
-        if (order == 1 && groups == 1 && sw == C && dl_w == 1) {
-            /* dense pixels, one group: a tap row's in-bounds taps are one contiguous run of x and
-             * of the column row -- one copy per (row, ky), not one per tap (a 3-channel stem
-             * copied 3 bytes a call: 2.9 ms of ResNet-18's 7x7 stem im2col) */
-            const int64_t ix0 = ox * st_w - pd_w;
-            const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < kw ? (W - ix0 > k0 ? W - ix0 : k0) : kw;
-            for (int64_t ky = 0; ky < kh; ky++) {
-                const int64_t iy = oy * st_h - pd_h + ky * dl_h;
-                char *dst = row + ky * kw * C * es;
-                if (iy < 0 || iy >= H || k1 <= k0) {
-                    fill(dst, es, kw * C, pad_value);
-                    continue;
-                }
-                if (k0) fill(dst, es, k0 * C, pad_value);
-                memcpy(dst + k0 * C * es, xb + (n * sn + iy * sh + (ix0 + k0) * sw) * es, (size_t)((k1 - k0) * C * es));
-                if (k1 < kw) fill(dst + k1 * C * es, es, (kw - k1) * C, pad_value);
-            }
-            continue;
-        }
         if (order == 1) {
             for (int64_t g = 0; g < groups; g++)
                 for (int64_t ky = 0; ky < kh; ky++) {
