@@ -130,6 +130,81 @@ QO_BLOCK_FN(qo_block)
 #define QO_DP(acc, a, b) __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
 QO_BLOCK_FN(qo16_block)
 #undef QO_BLOCK_FN
+#undef QO_DP
+#define QO_DP(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+
+/* Narrow panels (a conv with 16 - 32 output channels, MobileNetV2's projections): the 64-column
+ * kernel above spends 3/4 (1/2) of its VPDPBUSDs on the zero columns of the panel.  These read
+ * only the panel's first one (two) 16-column blocks and keep 24 (12) rows in the 24 accumulators
+ * instead: every VPDPBUSD is useful, one broadcast each (two). */
+#define QN_BCAST(i) ({ int32_t q_; memcpy(&q_, A + (i) * lda + 4 * k4, 4); _mm512_set1_epi32(q_); })
+#define QN_STEP1(i) if (FULL || mr > i) { const __m512i a_ = QN_BCAST(i); QO_DP(d##i, a_, b0); }
+#define QN_STORE1(i) if (FULL || mr > i) _mm512_mask_storeu_epi32(out + (i) * ldo, m0, _mm512_sub_epi32(d##i, k0));
+#define QN_STEP2(i) if (FULL || mr > i) { const __m512i a_ = QN_BCAST(i); QO_DP(e##i##0, a_, b0); QO_DP(e##i##1, a_, b1); }
+#define QN_STORE2(i)                                                                                  \
+    if (FULL || mr > i) {                                                                             \
+        _mm512_mask_storeu_epi32(out + (i) * ldo, m0, _mm512_sub_epi32(e##i##0, k0));                 \
+        _mm512_mask_storeu_epi32(out + (i) * ldo + 16, m1, _mm512_sub_epi32(e##i##1, k1));            \
+    }
+#define QN_BLOCK1(name, FULL_)                                                                        \
+VNNI_TARGET static __attribute__((noinline)) void name(const uint8_t *A, int64_t lda, const int mr,   \
+                                                       const int8_t *P, int64_t k4n, const int32_t *corr, \
+                                                       int32_t *out, int64_t ldo, int64_t cols) {     \
+    enum { FULL = FULL_ };   /* 1: mr is the full row count, no row tests */                         \
+    QO_REG(d0, "zmm8"); QO_REG(d1, "zmm9"); QO_REG(d2, "zmm10"); QO_REG(d3, "zmm11");                 \
+    QO_REG(d4, "zmm12"); QO_REG(d5, "zmm13"); QO_REG(d6, "zmm14"); QO_REG(d7, "zmm15");               \
+    QO_REG(d8, "zmm16"); QO_REG(d9, "zmm17"); QO_REG(d10, "zmm18"); QO_REG(d11, "zmm19");             \
+    QO_REG(d12, "zmm20"); QO_REG(d13, "zmm21"); QO_REG(d14, "zmm22"); QO_REG(d15, "zmm23");           \
+    QO_REG(d16, "zmm24"); QO_REG(d17, "zmm25"); QO_REG(d18, "zmm26"); QO_REG(d19, "zmm27");           \
+    QO_REG(d20, "zmm28"); QO_REG(d21, "zmm29"); QO_REG(d22, "zmm30"); QO_REG(d23, "zmm31");           \
+    for (int64_t k4 = 0; k4 < k4n; k4++) {                                                            \
+        const __m512i b0 = _mm512_load_si512((const void *)(P + k4 * 256));                           \
+        QN_STEP1(0) QN_STEP1(1) QN_STEP1(2) QN_STEP1(3) QN_STEP1(4) QN_STEP1(5) QN_STEP1(6) QN_STEP1(7) \
+        QN_STEP1(8) QN_STEP1(9) QN_STEP1(10) QN_STEP1(11) QN_STEP1(12) QN_STEP1(13) QN_STEP1(14)      \
+        QN_STEP1(15) QN_STEP1(16) QN_STEP1(17) QN_STEP1(18) QN_STEP1(19) QN_STEP1(20) QN_STEP1(21)    \
+        QN_STEP1(22) QN_STEP1(23)                                                                     \
+    }                                                                                                 \
+    const __m512i k0 = _mm512_loadu_si512((const void *)corr);                                        \
+    const __mmask16 m0 = qo_mask(cols);                                                               \
+    QN_STORE1(0) QN_STORE1(1) QN_STORE1(2) QN_STORE1(3) QN_STORE1(4) QN_STORE1(5) QN_STORE1(6)        \
+    QN_STORE1(7) QN_STORE1(8) QN_STORE1(9) QN_STORE1(10) QN_STORE1(11) QN_STORE1(12) QN_STORE1(13)    \
+    QN_STORE1(14) QN_STORE1(15) QN_STORE1(16) QN_STORE1(17) QN_STORE1(18) QN_STORE1(19)              \
+    QN_STORE1(20) QN_STORE1(21) QN_STORE1(22) QN_STORE1(23)                                           \
+}
+#define QN_BLOCK2(name, FULL_)                                                                        \
+VNNI_TARGET static __attribute__((noinline)) void name(const uint8_t *A, int64_t lda, const int mr,   \
+                                                       const int8_t *P, int64_t k4n, const int32_t *corr, \
+                                                       int32_t *out, int64_t ldo, int64_t cols) {     \
+    enum { FULL = FULL_ };   /* 1: mr is the full row count, no row tests */                         \
+    QO_REG(e00, "zmm8"); QO_REG(e01, "zmm9"); QO_REG(e10, "zmm10"); QO_REG(e11, "zmm11");             \
+    QO_REG(e20, "zmm12"); QO_REG(e21, "zmm13"); QO_REG(e30, "zmm14"); QO_REG(e31, "zmm15");           \
+    QO_REG(e40, "zmm16"); QO_REG(e41, "zmm17"); QO_REG(e50, "zmm18"); QO_REG(e51, "zmm19");           \
+    QO_REG(e60, "zmm20"); QO_REG(e61, "zmm21"); QO_REG(e70, "zmm22"); QO_REG(e71, "zmm23");           \
+    QO_REG(e80, "zmm24"); QO_REG(e81, "zmm25"); QO_REG(e90, "zmm26"); QO_REG(e91, "zmm27");           \
+    QO_REG(e100, "zmm28"); QO_REG(e101, "zmm29"); QO_REG(e110, "zmm30"); QO_REG(e111, "zmm31");       \
+    for (int64_t k4 = 0; k4 < k4n; k4++) {                                                            \
+        const __m512i b0 = _mm512_load_si512((const void *)(P + k4 * 256));                           \
+        const __m512i b1 = _mm512_load_si512((const void *)(P + k4 * 256 + 64));                      \
+        QN_STEP2(0) QN_STEP2(1) QN_STEP2(2) QN_STEP2(3) QN_STEP2(4) QN_STEP2(5) QN_STEP2(6)           \
+        QN_STEP2(7) QN_STEP2(8) QN_STEP2(9) QN_STEP2(10) QN_STEP2(11)                                 \
+    }                                                                                                 \
+    const __m512i k0 = _mm512_loadu_si512((const void *)corr);                                        \
+    const __m512i k1 = _mm512_loadu_si512((const void *)(corr + 16));                                 \
+    const __mmask16 m0 = qo_mask(cols), m1 = qo_mask(cols - 16);                                      \
+    QN_STORE2(0) QN_STORE2(1) QN_STORE2(2) QN_STORE2(3) QN_STORE2(4) QN_STORE2(5) QN_STORE2(6)        \
+    QN_STORE2(7) QN_STORE2(8) QN_STORE2(9) QN_STORE2(10) QN_STORE2(11)                                \
+}
+QN_BLOCK1(qo_block_n1, 0)
+QN_BLOCK1(qo_block_n1_full, 1)
+QN_BLOCK2(qo_block_n2, 0)
+QN_BLOCK2(qo_block_n2_full, 1)
+#undef QN_BLOCK1
+#undef QN_BLOCK2
+#undef QN_BCAST
+#undef QN_STEP1
+#undef QN_STEP2
+#undef QN_STORE1
+#undef QN_STORE2
 #undef QO_ACC
 #undef QO_REG
 #undef QO_DP
@@ -151,6 +226,24 @@ VNNI_TARGET static void qo_kblock_with(qo_block_fn block, const uint8_t *A, int6
     }
 }
 
+/* the int8 kernel for `cols` valid columns: the 64-wide block, or a narrow one (24 / 12 rows a call) */
+VNNI_TARGET static void qo_kblock(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t kb,
+                                  int64_t kn, const int32_t *corr, int32_t *out, int64_t ldo, int64_t cols) {
+    if (cols > 32) {
+        qo_kblock_with(qo_block, A, lda, rows, P, kb, kn, corr, out, ldo, cols);
+        return;
+    }
+    const int mr = cols > 16 ? 12 : 24;
+    for (int64_t m = 0; m < rows; m += mr) {
+        const uint8_t *a = A + m * lda + 4 * kb;
+        const int8_t *pk = P + kb * 256;
+        int32_t *o = out + m * ldo;
+        const int r = rows - m < mr ? (int)(rows - m) : mr;
+        if (cols > 16) (r == mr ? qo_block_n2_full : qo_block_n2)(a, lda, r, pk, kn, corr, o, ldo, cols);
+        else (r == mr ? qo_block_n1_full : qo_block_n1)(a, lda, r, pk, kn, corr, o, ldo, cols);
+    }
+}
+
 /* one work item: `rows` (<= QO_MC) rows of the u8 buffer (from A) against packed panel P (k4n
  * groups of 4, corrections cs), into out.  K runs in blocks of QO_KC4 groups (a 32 KiB panel
  * slice, L1/L2-resident while every row block of the item streams it: with all of a K = 4608
@@ -164,10 +257,10 @@ VNNI_TARGET static void qo_rows(const uint8_t *A, int64_t lda, int64_t rows, con
         const int64_t kn = k4n - kb < kc ? k4n - kb : kc;
         const int32_t *corr = kb + kn == k4n ? cs : zeros;
         if (kb == 0) {
-            qo_kblock_with(qo_block, A, lda, rows, P, kb, kn, corr, out, ldo, cols);
+            qo_kblock(A, lda, rows, P, kb, kn, corr, out, ldo, cols);
             continue;
         }
-        qo_kblock_with(qo_block, A, lda, rows, P, kb, kn, corr, tmp, 64, cols);
+        qo_kblock(A, lda, rows, P, kb, kn, corr, tmp, 64, cols);
         for (int64_t i = 0; i < rows; i++) {
             int32_t *o = out + i * ldo;
             const int32_t *t = tmp + i * 64;
