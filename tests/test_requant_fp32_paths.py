@@ -59,7 +59,7 @@ def test_fp32_double_rounding_depthwise(monkeypatch, e_choices, clamp):
 
 
 @pytest.mark.parametrize("e_choices", [[0], [1], [2, 7], [0, 1, 2, 7, 20, 31, -1]])
-@pytest.mark.parametrize("M,K,N", [(200, 16, 96), (300, 27, 33), (130, 64, 40)])
+@pytest.mark.parametrize("M,K,N", [(200, 16, 96), (300, 27, 33), (130, 64, 40), (150, 24, 120)])
 def test_fp32_double_rounding_gemm_tile(monkeypatch, e_choices, M, K, N):
     gen = torch.Generator().manual_seed(M + K + N + len(e_choices))
     x = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)

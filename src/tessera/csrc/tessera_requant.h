@@ -410,9 +410,53 @@ INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, co
  * all the rows, not once per row (a pointwise conv's GEMM tile: ~1/3 of the requantization's work);
  * through fp32 (rq_f_double) where FAST (no offset to add: the tile holds whole accumulators) and
  * the 16 channels allow it */
+/* rq_tile_v_double's fp32 form for a 49..64-column int8 tile, a row at a time: the four blocks'
+ * results (within [qmin - zp, qmax - zp]) go out through saturating packs (exact here), the zero
+ * point added once per 32 values in int16, and one dword transpose that undoes the packs'
+ * in-lane order: 64 bytes a store instead of four narrowing stores.  0 where a block's channels
+ * do not allow the fp32 form (the caller then runs the general loop). */
+INL int rq_tile64_f(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
+                    const int cs, int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, int64_t so) {
+    rq_f_ch f[4];
+    __mmask16 k[4];
+    for (int b = 0; b < 4; b++) {
+        k[b] = C - 16 * b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - 16 * b)) - 1u);
+        f[b] = rq_f_double_ch(cs ? _mm512_maskz_loadu_epi32(k[b], mult + 16 * b) : _mm512_set1_epi32(mult[0]),
+                              cs ? _mm512_maskz_loadu_epi32(k[b], shift + 16 * b) : _mm512_set1_epi32(shift[0]),
+                              k[b], qmin - zp, qmax - zp);
+        if (!f[b].ok) return 0;
+    }
+    const __m512i z16 = _mm512_set1_epi16((short)zp);
+    const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __mmask64 kst = C == 64 ? ~(__mmask64)0 : (((__mmask64)1 << C) - 1);
+    const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
+    for (int64_t i = 0; i < rows; i++) {
+        const int32_t *a = acc + i * lda;
+        __m512i r[4];
+        __mmask16 bad = 0;
+        for (int b = 0; b < 4; b++)
+            bad |= rq_f_double(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k[b], a + 16 * b)), &f[b], &r[b]) & k[b];
+        if (bad)   /* a distrusted lane: the integer form for the row */
+            for (int b = 0; b < 4; b++) {
+                const rq_v_dch ch = rq_v_double_ch(
+                    cs ? _mm512_maskz_loadu_epi32(k[b], mult + 16 * b) : _mm512_set1_epi32(mult[0]),
+                    cs ? _mm512_maskz_loadu_epi32(k[b], shift + 16 * b) : _mm512_set1_epi32(shift[0]));
+                r[b] = _mm512_max_epi32(_mm512_min_epi32(
+                    rq_v_double_pre(_mm512_maskz_loadu_epi32(k[b], a + 16 * b), &ch), hi32), lo32);
+            }
+        const __m512i p01 = _mm512_adds_epi16(_mm512_packs_epi32(r[0], r[1]), z16);
+        const __m512i p23 = _mm512_adds_epi16(_mm512_packs_epi32(r[2], r[3]), z16);
+        _mm512_mask_storeu_epi8(out + i * so, kst, _mm512_permutexvar_epi32(tr, _mm512_packs_epi16(p01, p23)));
+    }
+    return 1;
+}
+
 INL void rq_tile_v_double(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
                           const int cs, const int64_t *off, int64_t C, int64_t zp, int64_t qmin, int64_t qmax,
                           char *out, int64_t so, const int out16, const int fast) {
+    if (fast && !off && !out16 && C > 48 && C <= 64 && rq_tile64_f(acc, lda, rows, mult, shift, cs, C, zp, qmin, qmax,
+                                                                     out, so))
+        return;
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
     const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
     const int oe = out16 ? 2 : 1;
