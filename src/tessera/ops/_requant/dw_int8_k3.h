@@ -1,0 +1,293 @@
+/* dw_int8_k3.h -- the int8 depthwise kernels for 3-wide taps (MobileNet's layers), AVX-512.
+ * Included once by requant.c (its launcher tsr_dw_requant_k3 is there); framework-free C11.
+ *   dwq_row:  fp32 FMAs over a sliding window (any kh, horizontal stride 1 or 2, vertical
+ *             dilation), the fallback where VNNI / VBMI are missing;
+ *   dwv_rows: 3x3 at stride 1 or 2 as VPDPBUSD over interleaved row quads.
+ * Both requantize their register sums (dwq_put: tessera_requant.h's fp32 form where it applies). */
+#ifndef DW_INT8_K3_H
+#define DW_INT8_K3_H
+
+/* ------------------------------------------------------------------ int8 depthwise, 3-wide taps
+ * tsr_dw_requant_k3: the int8 depthwise conv for kw = 3, horizontal dilation 1, horizontal stride 1
+ * or 2 (MobileNet's layers) as fp32 FMAs over a sliding window, requantized in registers.  The
+ * integer tap loop above widens every tap's bytes and multiplies with vpmulld (two uops, one port),
+ * and writes its int32 row for tsr_requant to read back; here a tile of 8 output pixels x 16
+ * channels keeps its sums in zmm registers, each input column is loaded and widened once for the
+ * 3 (stride 1) or 1-2 (stride 2) outputs it feeds, and the finished sums go through rq_v_double /
+ * rq_v_single straight to the int8/int16 output.
+ * Exact: x and w are int8, so every product is an integer of magnitude <= 2^14; the sums start at
+ * init[c] = bias[c] - x_zp * sum(w[c]) (padding taps read x_zp, as in the integer loop, so the
+ * correction cancels them), and the launcher checks |init| + taps * 2^14 <= 2^24: every partial
+ * sum is an integer fp32 holds exactly, in any order -- the integer loop's int32 accumulator, bit
+ * for bit, and the same requantization.  x channels-last int8 (unit channel stride), wf fp32
+ * [kh][3][C], out rows [Nb*Ho*Wo, C] (row stride so). */
+#ifdef TSR_AVX512
+#define DWQ_P 8
+typedef struct {
+    const int8_t *x; int64_t H, W, sn, sh, sw, C, kh, st_h, pd_h, pd_w, dl_h, Ho, Wo;
+    const float *wf, *init; float zp;
+    const int32_t *mult, *shift; int cs, mode, out16, f32;   /* f32: rq_f_double allowed (TESSERA_RQ_FP32) */
+    int64_t ozp, qmin, qmax, so; char *out;
+} dwq_args;
+
+/* one channel block's requantization: the per-channel parts formed once, then dwq_put per pixel */
+typedef struct {
+    rq_v_dch ch; rq_f_ch fc; __m512i m, s, lo32, hi32, lo64, hi64, ozp;
+    int f32, mode, out16; __mmask16 kb;
+} dwq_rq;
+
+INL dwq_rq dwq_rq_init(const dwq_args *a, int64_t c0, __mmask16 kb) {
+    dwq_rq R;
+    R.m = a->cs ? _mm512_maskz_loadu_epi32(kb, a->mult + c0) : _mm512_set1_epi32(a->mult[0]);
+    R.s = a->cs ? _mm512_maskz_loadu_epi32(kb, a->shift + c0) : _mm512_set1_epi32(a->shift[0]);
+    /* the sums are exact integers within 2^24: the double rounding through fp32 where the channels
+     * allow it (tessera_requant.h rq_f_double), the integer form for the vectors it distrusts (~2 %;
+     * its per-channel part is then formed there, not here: ~25 instructions a block a row) */
+    R.fc = rq_f_double_ch(R.m, R.s, kb, a->qmin - a->ozp, a->qmax - a->ozp);
+    R.f32 = a->f32 && a->mode == 0 && !a->out16 && R.fc.ok;
+    if (!R.f32 && a->mode == 0) R.ch = rq_v_double_ch(R.m, R.s);
+    R.lo32 = _mm512_set1_epi32((int32_t)(a->qmin - a->ozp));
+    R.hi32 = _mm512_set1_epi32((int32_t)(a->qmax - a->ozp));
+    R.lo64 = _mm512_set1_epi64(a->qmin - a->ozp);
+    R.hi64 = _mm512_set1_epi64(a->qmax - a->ozp);
+    R.ozp = _mm512_set1_epi32((int32_t)a->ozp);
+    R.mode = a->mode;
+    R.out16 = a->out16;
+    R.kb = kb;
+    return R;
+}
+
+/* requantize 16 channels' sums (accf: fp32, exact; acc32: the same as int32) into o */
+INL void dwq_put(const dwq_rq *R, __m512 accf, __m512i acc32, char *o) {
+    __m512i q;
+    if (!(R->f32 && !(rq_f_double(accf, &R->fc, &q) & R->kb))) {
+        if (R->f32) {   /* a distrusted vector */
+            const rq_v_dch ch = rq_v_double_ch(R->m, R->s);
+            q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(acc32, &ch), R->hi32), R->lo32);
+        } else if (R->mode == 0)
+            q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(acc32, &R->ch), R->hi32), R->lo32);
+        else
+            q = rq_v_single(acc32, R->m, R->s, R->lo64, R->hi64);
+    }
+    rq_v_store(o, R->out16, _mm512_add_epi32(q, R->ozp), R->kb);
+}
+
+/* one output row (n, oy), every channel block and tile; S = horizontal stride (1 or 2) */
+INL void dwq_row(const dwq_args *a, int64_t r, const int S) {
+    const int64_t n = r / a->Ho, oy = r % a->Ho, C = a->C, W = a->W, sw = a->sw, Wo = a->Wo;
+    const int oe = a->out16 ? 2 : 1;
+    const __m512 vzp = _mm512_set1_ps(a->zp);
+    for (int64_t c0 = 0; c0 < C; c0 += 16) {
+        const __mmask16 kb = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        const __m512 init = _mm512_maskz_loadu_ps(kb, a->init + c0);
+        const dwq_rq R = dwq_rq_init(a, c0, kb);
+        for (int64_t ox0 = 0; ox0 < Wo; ox0 += DWQ_P) {
+            const int64_t ix0 = ox0 * S - a->pd_w, np = Wo - ox0 < DWQ_P ? Wo - ox0 : DWQ_P;
+            __m512 acc[DWQ_P];
+            for (int p = 0; p < DWQ_P; p++) acc[p] = init;
+            for (int64_t ky = 0; ky < a->kh; ky++) {
+                const int64_t iy = oy * a->st_h - a->pd_h + ky * a->dl_h;
+                const float *wk = a->wf + ky * 3 * C + c0;
+                const __m512 w0 = _mm512_maskz_loadu_ps(kb, wk), w1 = _mm512_maskz_loadu_ps(kb, wk + C),
+                             w2 = _mm512_maskz_loadu_ps(kb, wk + 2 * C);
+                if (iy < 0 || iy >= a->H) {  /* a padding row: every tap reads x_zp */
+                    const __m512 t = _mm512_mul_ps(vzp, _mm512_add_ps(_mm512_add_ps(w0, w1), w2));
+                    for (int p = 0; p < DWQ_P; p++) acc[p] = _mm512_add_ps(acc[p], t);
+                    continue;
+                }
+                const int8_t *xr = a->x + n * a->sn + iy * a->sh + c0;
+                /* input column j feeds output p through tap k = j - S p (0 <= k < 3); after full
+                 * unrolling every test below is a constant */
+#pragma GCC unroll 24
+                for (int j = 0; j < S * (DWQ_P - 1) + 3; j++) {
+                    const int64_t ix = ix0 + j;
+                    const __m512 v = (uint64_t)ix < (uint64_t)W
+                        ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(kb, xr + ix * sw))) : vzp;
+#pragma GCC unroll 8
+                    for (int p = 0; p < DWQ_P; p++) {
+                        const int k = j - S * p;
+                        if (k >= 0 && k < 3) acc[p] = _mm512_fmadd_ps(v, k == 0 ? w0 : (k == 1 ? w1 : w2), acc[p]);
+                    }
+                }
+            }
+            char *o = a->out + ((r * Wo + ox0) * a->so + c0) * oe;
+            for (int64_t p = 0; p < np; p++)   /* acc: exact integers, so the conversion does not round */
+                dwq_put(&R, acc[p], _mm512_cvtps_epi32(acc[p]), o + p * a->so * oe);
+        }
+    }
+}
+
+static __attribute__((noinline)) void dwq_row_s1(const dwq_args *a, int64_t r) { dwq_row(a, r, 1); }
+static __attribute__((noinline)) void dwq_row_s2(const dwq_args *a, int64_t r) { dwq_row(a, r, 2); }
+
+/* ------------------------------------------------------------------ int8 depthwise 3x3, VNNI
+ * dwv_rows: the 3x3 layers of stride 1 or 2 (MobileNet's) as VPDPBUSD.  Four input rows iy0 ..
+ * iy0 + 3 are interleaved byte by byte per channel into a quad buffer, Q[j][c] = the 4 codes of
+ * column j - pd_w, channel c, plus 128 (uint8, VPDPBUSD's unsigned operand); one VPDPBUSD of a
+ * Q column then adds that column's 3 taps for output row oy (weights (w0, w1, w2, 0)) and, at
+ * stride 1, another for oy + 1 ((0, w0, w1, w2)): 3 instructions per output and 16 channels where
+ * the fp32 kernel takes 9 FMAs and widens every tap's codes (at stride 2 a quad serves one row).
+ * Exact: int32 sums of u8 x s8 products started at init - 128 sum w (the codes' +128), equal to
+ * the fp32 kernel's (|sum| < 2^24, the launcher's check); padding reads x_zp + 128, cancelled as
+ * there.  Needs AVX512-VNNI (VPDPBUSD) and VBMI (VPERMT2B, the interleave): tsr_dw_requant_k3
+ * checks the CPU, and TESSERA_DW_VNNI=0 keeps the fp32 kernel (tests compare the two). */
+#define DWV_P 8
+#define DWV_TARGET __attribute__((target("avx512vnni,avx512vbmi")))
+
+typedef struct {
+    const dwq_args *a;
+    const int32_t *wq;     /* [Cp / 16][6][16]: per 16-channel block (w0, w1, w2, 0) for kx 0..2, then (0, w0, w1, w2) */
+    const int32_t *init;   /* [Cp]: init - 128 sum w */
+    int64_t Cp, qbuilt, qcols;   /* C rounded up to 16; Q's columns: S (Wo - 1) + 3 built, then S DWV_P of slack */
+} dwv_args;
+
+/* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r */
+DWV_TARGET static void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q) {
+    const dwq_args *a = v->a;
+    const int64_t C = a->C, Cp = v->Cp, Wq = v->qbuilt;
+    const __m512i pad = _mm512_set1_epi8((char)(uint8_t)((int)a->zp + 128)), flip = _mm512_set1_epi8((char)0x80);
+    /* byte pairs of rows (0, 1) / (2, 3): positions 0..31 (lo) and 32..63 (hi); then word pairs of
+     * those: channels 0..15 / 16..31 of each half, 4 rows each */
+    __m512i ilo, ihi, iwa, iwb;
+    {
+        int8_t b[2][64];
+        int16_t w[2][32];
+        for (int i = 0; i < 64; i++) {
+            b[0][i] = (int8_t)((i & 1 ? 64 : 0) + i / 2);
+            b[1][i] = (int8_t)((i & 1 ? 64 : 0) + 32 + i / 2);
+        }
+        for (int i = 0; i < 32; i++) {
+            w[0][i] = (int16_t)((i & 1 ? 32 : 0) + i / 2);
+            w[1][i] = (int16_t)((i & 1 ? 32 : 0) + 16 + i / 2);
+        }
+        ilo = _mm512_loadu_si512(b[0]);
+        ihi = _mm512_loadu_si512(b[1]);
+        iwa = _mm512_loadu_si512(w[0]);
+        iwb = _mm512_loadu_si512(w[1]);
+    }
+    const int8_t *rows[4];
+    for (int r = 0; r < 4; r++) {
+        const int64_t iy = iy0 + r;
+        rows[r] = iy >= 0 && iy < a->H ? a->x + n * a->sn + iy * a->sh : NULL;
+    }
+    for (int64_t j = 0; j < Wq; j++) {
+        const int64_t ix = j - a->pd_w;
+        const int col = ix >= 0 && ix < a->W;
+        for (int64_t c0 = 0; c0 < C; c0 += 64) {
+            const __mmask64 k = C - c0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (C - c0)) - 1);
+            __m512i r[4];
+            for (int q = 0; q < 4; q++)
+                r[q] = col && rows[q] ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(k, rows[q] + ix * a->sw + c0), flip)
+                                      : pad;
+            const __m512i l01 = _mm512_permutex2var_epi8(r[0], ilo, r[1]), h01 = _mm512_permutex2var_epi8(r[0], ihi, r[1]);
+            const __m512i l23 = _mm512_permutex2var_epi8(r[2], ilo, r[3]), h23 = _mm512_permutex2var_epi8(r[2], ihi, r[3]);
+            uint8_t *d = Q + (j * Cp + c0) * 4;
+            const int64_t nb = (Cp - c0 < 64 ? Cp - c0 : 64) / 16;   /* 16-channel blocks here: 1..4 */
+            _mm512_store_si512(d, _mm512_permutex2var_epi16(l01, iwa, l23));
+            if (nb > 1) _mm512_store_si512(d + 64, _mm512_permutex2var_epi16(l01, iwb, l23));
+            if (nb > 2) _mm512_store_si512(d + 128, _mm512_permutex2var_epi16(h01, iwa, h23));
+            if (nb > 3) _mm512_store_si512(d + 192, _mm512_permutex2var_epi16(h01, iwb, h23));
+        }
+    }
+}
+
+/* stride 1: output rows oy, oy + 1 (if any) of image n, item = n ceil(Ho / 2) + oy / 2; stride 2:
+ * output row oy, item = n Ho + oy */
+DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const int S) {
+    const dwq_args *a = v->a;
+    const int64_t hp = S == 1 ? (a->Ho + 1) / 2 : a->Ho, n = item / hp, oy = (item % hp) * (3 - S);
+    const int64_t Wo = a->Wo, Cp = v->Cp;
+    const int two = S == 1 && oy + 1 < a->Ho, oe = a->out16 ? 2 : 1;
+    dwv_build(v, n, oy * S - a->pd_h, Q);
+    for (int64_t c0 = 0; c0 < a->C; c0 += 16) {
+        const __mmask16 kb = a->C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (a->C - c0)) - 1u);
+        const dwq_rq R = dwq_rq_init(a, c0, kb);
+        const int32_t *wb = v->wq + c0 * 6;
+        const __m512i wa0 = _mm512_load_si512(wb), wa1 = _mm512_load_si512(wb + 16), wa2 = _mm512_load_si512(wb + 32);
+        const __m512i wb0 = _mm512_load_si512(wb + 48), wb1 = _mm512_load_si512(wb + 64), wb2 = _mm512_load_si512(wb + 80);
+        const __m512i init = _mm512_load_si512(v->init + c0);
+        char *o0 = a->out + (((n * a->Ho + oy) * Wo) * a->so + c0) * oe;
+        char *o1 = o0 + Wo * a->so * oe;
+        for (int64_t ox0 = 0; ox0 < Wo; ox0 += DWV_P) {
+            const int64_t np = Wo - ox0 < DWV_P ? Wo - ox0 : DWV_P;
+            __m512i ua[DWV_P], ub[DWV_P];
+            for (int p = 0; p < DWV_P; p++) ua[p] = ub[p] = init;
+            const uint8_t *qc = Q + (ox0 * S * Cp + c0) * 4;
+            /* Q column S ox0 + j feeds output p through kx = j - S p (the last tile reads slack columns) */
+#pragma GCC unroll 17
+            for (int j = 0; j < S * (DWV_P - 1) + 3; j++) {
+                const __m512i q = _mm512_load_si512(qc + j * Cp * 4);
+#pragma GCC unroll 8
+                for (int p = 0; p < DWV_P; p++) {
+                    const int k = j - S * p;
+                    if (k < 0 || k > 2) continue;
+                    ua[p] = _mm512_dpbusd_epi32(ua[p], q, k == 0 ? wa0 : (k == 1 ? wa1 : wa2));
+                    if (S == 1) ub[p] = _mm512_dpbusd_epi32(ub[p], q, k == 0 ? wb0 : (k == 1 ? wb1 : wb2));
+                }
+            }
+            for (int64_t p = 0; p < np; p++) {
+                dwq_put(&R, _mm512_cvtepi32_ps(ua[p]), ua[p], o0 + (ox0 + p) * a->so * oe);
+                if (two) dwq_put(&R, _mm512_cvtepi32_ps(ub[p]), ub[p], o1 + (ox0 + p) * a->so * oe);
+            }
+        }
+    }
+}
+
+DWV_TARGET static __attribute__((noinline)) void dwv_rows_s1(const dwv_args *v, int64_t it, uint8_t *Q) {
+    dwv_rows(v, it, Q, 1);
+}
+DWV_TARGET static __attribute__((noinline)) void dwv_rows_s2(const dwv_args *v, int64_t it, uint8_t *Q) {
+    dwv_rows(v, it, Q, 2);
+}
+
+/* the 3x3 layers of stride S (1 or 2) through dwv_rows; TSR_EINVAL where the CPU lacks VNNI / VBMI */
+static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vbmi")) return TSR_EINVAL;
+    const int64_t C = a->C, Cp = (C + 15) & ~(int64_t)15, qbuilt = S * (a->Wo - 1) + 3, qcols = qbuilt + S * DWV_P;
+    int32_t *wq = (int32_t *)aligned_alloc(64, (size_t)(Cp * 7 * 4));
+    if (!wq) return TSR_ENOMEM;
+    int32_t *init = wq + Cp * 6;
+    /* per 16-channel block: the taps' codes (exact in wf) as bytes of (w0, w1, w2, 0) dwords, and
+     * (0, w0, w1, w2) = those shifted up a byte; init - 128 sum w */
+    for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+        const __mmask16 kb = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        const __m512i byte = _mm512_set1_epi32(0xFF);
+        __m512i sum = _mm512_setzero_si512();
+        for (int kx = 0; kx < 3; kx++) {
+            __m512i d = _mm512_setzero_si512();
+            for (int ky = 0; ky < 3; ky++) {
+                const __m512i w = _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(kb, a->wf + (ky * 3 + kx) * C + c0));
+                sum = _mm512_add_epi32(sum, w);
+                d = _mm512_or_si512(d, _mm512_slli_epi32(_mm512_and_si512(w, byte), 8 * ky));
+            }
+            _mm512_store_si512(wq + c0 * 6 + kx * 16, d);
+            _mm512_store_si512(wq + c0 * 6 + (3 + kx) * 16, _mm512_slli_epi32(d, 8));
+        }
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(kb, a->init + c0));
+        _mm512_store_si512(init + c0, _mm512_sub_epi32(i0, _mm512_slli_epi32(sum, 7)));
+    }
+    const dwv_args v = {a, wq, init, Cp, qbuilt, qcols};
+    const int64_t items = Nb * (S == 1 ? (a->Ho + 1) / 2 : a->Ho);
+    const size_t qbytes = (size_t)(qcols * Cp * 4);
+    int failed = 0;
+#pragma omp parallel num_threads(tsr_threads(nthreads))
+    {
+        uint8_t *Q = (uint8_t *)aligned_alloc(64, qbytes);
+        const size_t built = (size_t)(qbuilt * Cp * 4);
+        if (Q) memset(Q + built, 0, qbytes - built);   /* the slack columns: read, never used */
+        else {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++)
+            if (Q && S == 1) dwv_rows_s1(&v, it, Q);
+            else if (Q) dwv_rows_s2(&v, it, Q);
+        free(Q);
+    }
+    free(wq);
+    return failed ? TSR_ENOMEM : TSR_OK;
+}
+#endif
+
+#endif /* DW_INT8_K3_H */
