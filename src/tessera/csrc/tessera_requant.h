@@ -281,32 +281,6 @@ INL __m512i rq_v_single(__m512i a, __m512i m, __m512i s, __m512i lo, __m512i hi)
     return _mm512_mask_blend_epi32(0xAAAA, ve, _mm512_slli_epi64(vo, 32));
 }
 
-/* mbqm_int64 on 8 int64 lanes (x = sat_add(acc, off)), clamped to [lo, hi]: x clamped to
- * [-2^47, 2^47), |x * rm| <= 2^62, floor((x*rm + 2^(t-1)) / 2^t), t = 15 - s in [8, 46] */
-INL __m256i rq_v_int64(const int64_t *a, const int64_t *off, __mmask8 k, __m256i m, __m256i s, __m512i lo,
-                       __m512i hi) {
-    __m512i x = _mm512_maskz_loadu_epi64(k, a);
-    if (off) {
-        const __m512i b = _mm512_maskz_loadu_epi64(k, off), r = _mm512_add_epi64(x, b);
-        /* signed overflow iff x and b share a sign that r lacks; then INT64_MAX / INT64_MIN by x's sign */
-        const __mmask8 ovf = _mm512_movepi64_mask(_mm512_and_si512(_mm512_xor_si512(x, r), _mm512_xor_si512(b, r)));
-        x = _mm512_mask_mov_epi64(r, ovf, _mm512_xor_si512(_mm512_srai_epi64(x, 63), _mm512_set1_epi64(INT64_MAX)));
-    }
-    x = _mm512_max_epi64(_mm512_min_epi64(x, _mm512_set1_epi64(((int64_t)1 << 47) - 1)),
-                         _mm512_set1_epi64(-((int64_t)1 << 47)));
-    /* rm = (m + 2^15) >> 16 if m < 0x7FFF0000 else 0x7FFF (the sum may wrap only where unused) */
-    const __m256i rm32 = _mm256_mask_mov_epi32(
-        _mm256_srai_epi32(_mm256_add_epi32(m, _mm256_set1_epi32(1 << 15)), 16),
-        _mm256_cmpge_epi32_mask(m, _mm256_set1_epi32(0x7FFF0000)), _mm256_set1_epi32(0x7FFF));
-    const __m512i rm = _mm512_cvtepi32_epi64(rm32);
-    const __m512i t = _mm512_cvtepi32_epi64(_mm256_sub_epi32(_mm256_set1_epi32(15), s));
-    const __m512i one = _mm512_set1_epi64(1);
-    const __m512i rnd = _mm512_sllv_epi64(one, _mm512_sub_epi64(t, one));
-    __m512i v = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mullo_epi64(x, rm), rnd), t);
-    v = _mm512_max_epi64(_mm512_min_epi64(v, hi), lo);
-    return _mm512_cvtepi64_epi32(v);
-}
-
 INL void rq_v_store(char *out, int out16, __m512i v, __mmask16 k) {
     if (k == 0xFFFF) {   /* a register narrowing then a plain store: fewer uops than the masked store */
         if (out16) _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(v));
@@ -316,9 +290,9 @@ INL void rq_v_store(char *out, int out16, __m512i v, __mmask16 k) {
 }
 
 /* mbqm_int64's per-channel part formed once per call: the Q15 multiplier rm, t = 15 - s and the
- * rounding 2^(t - 1), int64 per channel (a per-tensor multiplier is repeated).  rq_v_int64 forms
- * them again for every 8 lanes (9 of its ~21 instructions, and the saturating offset add 8 more):
- * the int16-activation layers' requantization cost more than their VPDPWSSD GEMM. */
+ * rounding 2^(t - 1), int64 per channel (a per-tensor multiplier is repeated).  Formed again for
+ * every 8 lanes they were 9 of the requantization's ~21 instructions (and the saturating offset
+ * add 8 more): the int16-activation layers' requantization cost more than their VPDPWSSD GEMM. */
 typedef struct {
     int64_t *rm, *t, *rnd;
 } rq64_t;
@@ -338,8 +312,10 @@ static inline int rq64_init(rq64_t *k, const int32_t *mult, const int32_t *shift
 
 static inline void rq64_free(rq64_t *k) { free(k->rm); }
 
-/* rq_v_int64 with the per-channel part loaded from K (channels c .. c + 7); off_sat 0 where the
- * caller has shown acc + off cannot overflow int64 (the plain add is then the saturating one) */
+/* mbqm_int64 on 8 int64 lanes (x = acc + off, saturating), clamped to [lo, hi]: x clamped to
+ * [-2^47, 2^47), |x * rm| <= 2^62, floor((x*rm + 2^(t-1)) / 2^t), t = 15 - s in [8, 46], the
+ * per-channel part loaded from K (channels c .. c + 7); off_sat 0 where the caller has shown
+ * acc + off cannot overflow int64 (the plain add is then the saturating one) */
 INL __m256i rq_v_int64k(const int64_t *a, const int64_t *off, int off_sat, __mmask8 k, const rq64_t *K, int64_t c,
                         __m512i lo, __m512i hi) {
     __m512i x = _mm512_maskz_loadu_epi64(k, a);
@@ -393,14 +369,8 @@ INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, co
         if (mode == 0) {
             r = rq_v_double(rq_v_acc32((const int32_t *)acc + c, oc, k), m, s);
             r = _mm512_max_epi32(_mm512_min_epi32(r, hi32), lo32);
-        } else if (mode == 1) {
-            r = rq_v_single(rq_v_acc32((const int32_t *)acc + c, oc, k), m, s, lo64, hi64);
         } else {
-            const __m256i rl = rq_v_int64((const int64_t *)acc + c, oc, (__mmask8)k, _mm512_castsi512_si256(m),
-                                          _mm512_castsi512_si256(s), lo64, hi64);
-            const __m256i rh = rq_v_int64((const int64_t *)acc + c + 8, oc ? oc + 8 : NULL, (__mmask8)(k >> 8),
-                                          _mm512_extracti64x4_epi64(m, 1), _mm512_extracti64x4_epi64(s, 1), lo64, hi64);
-            r = _mm512_inserti64x4(_mm512_castsi256_si512(rl), rh, 1);
+            r = rq_v_single(rq_v_acc32((const int32_t *)acc + c, oc, k), m, s, lo64, hi64);
         }
         rq_v_store(out + c * oe, out16, _mm512_add_epi32(r, vzp), k);
     }

@@ -106,19 +106,21 @@ static void rq_put(const rq_t *R, const char *acc, int acc64, int64_t m, int64_t
     const int64_t *off = R->off && !folded ? R->off + n0 : NULL;
     const int mode = acc64 ? 2 : (R->rounding == RQ_SINGLE ? 1 : 0);
 #ifdef TSR_AVX512
-    if (acc64 && R->k64) {
+    if (acc64) {   /* R->k64: formed by tsr_qi8_mm_rq for every int16 call */
         rq_row_v64k((const int64_t *)acc, off, R->off_sat, R->k64, n0, n, R->zp, R->qmin, R->qmax, o, R->out16);
         return;
     }
 #define RQ(MODE) (R->cs ? rq_row_v(acc, mu, sh, 1, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE) \
                         : rq_row_v(acc, mu, sh, 0, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE))
+    if (mode == 0) RQ(0);
+    else RQ(1);
 #else
 #define RQ(MODE) (R->cs ? rq_row(acc, acc64, mu, sh, 1, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE) \
                         : rq_row(acc, acc64, mu, sh, 0, off, n, R->zp, R->qmin, R->qmax, o, R->out16, MODE))
-#endif
     if (mode == 0) RQ(0);
     else if (mode == 1) RQ(1);
     else RQ(2);
+#endif
 #undef RQ
 }
 

@@ -45,24 +45,38 @@ int tsr_requant(const void *acc, int64_t sa, int acc64, const int32_t *mult, con
         }
         return TSR_OK;
     }
-#endif
+    if (mode == 2) {   /* int64 accumulators: the per-channel part once (rq64_t), the saturating offset add */
+        rq64_t k64;
+        if (rq64_init(&k64, mult, shift, cs, C)) return TSR_ENOMEM;
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+        for (int64_t i = 0; i < M; i++)
+            rq_row_v64k((const int64_t *)acc + i * sa, off, 1, &k64, 0, C, zp, qmin, qmax, (char *)out + i * so * oe,
+                        out16);
+        rq64_free(&k64);
+        return TSR_OK;
+    }
+#define RQ(MODE) (cs ? rq_row_v(a, mult, shift, 1, off, C, zp, qmin, qmax, o, out16, MODE) \
+                     : rq_row_v(a, mult, shift, 0, off, C, zp, qmin, qmax, o, out16, MODE))
+#pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
+    for (int64_t i = 0; i < M; i++) {   /* mode 1 (mode 0 ran as tiles above) */
+        const char *a = (const char *)acc + i * sa * ae;
+        char *o = (char *)out + i * so * oe;
+        RQ(1);
+    }
+#else
+#define RQ(MODE) (cs ? rq_row(a, acc64, mult, shift, 1, off, C, zp, qmin, qmax, o, out16, MODE) \
+                     : rq_row(a, acc64, mult, shift, 0, off, C, zp, qmin, qmax, o, out16, MODE))
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
     for (int64_t i = 0; i < M; i++) {
         const char *a = (const char *)acc + i * sa * ae;
         char *o = (char *)out + i * so * oe;
         /* constant mode and channel stride: the compiler emits one vectorised loop per variant */
-#ifdef TSR_AVX512
-#define RQ(MODE) (cs ? rq_row_v(a, mult, shift, 1, off, C, zp, qmin, qmax, o, out16, MODE) \
-                     : rq_row_v(a, mult, shift, 0, off, C, zp, qmin, qmax, o, out16, MODE))
-#else
-#define RQ(MODE) (cs ? rq_row(a, acc64, mult, shift, 1, off, C, zp, qmin, qmax, o, out16, MODE) \
-                     : rq_row(a, acc64, mult, shift, 0, off, C, zp, qmin, qmax, o, out16, MODE))
-#endif
         if (mode == 0) RQ(0);
         else if (mode == 1) RQ(1);
         else RQ(2);
-#undef RQ
     }
+#endif
+#undef RQ
     return TSR_OK;
 }
 
@@ -350,17 +364,23 @@ INL void dw_requant_row(const void *x, int es, int64_t r, int64_t C, int64_t H, 
     if (es == 1) DW_ROW(int32_t, int8_t);
     else DW_ROW(int64_t, int16_t);
 #ifdef TSR_AVX512
+    if (mode == 2) {   /* k64: formed by tsr_dw_requant for every int16 call */
+        rq_row_v64k((const int64_t *)acc, off, off_sat, k64, 0, C, ozp, qmin, qmax, o, out16);
+        return;
+    }
 #define RQ(MODE) (cs ? rq_row_v((const char *)acc, mult, shift, 1, init ? NULL : off, C, ozp, qmin, qmax, o, out16, MODE) \
                      : rq_row_v((const char *)acc, mult, shift, 0, init ? NULL : off, C, ozp, qmin, qmax, o, out16, MODE))
+    if (mode == 0) RQ(0);
+    else RQ(1);
 #else
 #define RQ(MODE) (cs ? rq_row((const char *)acc, es == 2, mult, shift, 1, init ? NULL : off, C, ozp, qmin, qmax, o, \
                             out16, MODE) \
                      : rq_row((const char *)acc, es == 2, mult, shift, 0, init ? NULL : off, C, ozp, qmin, qmax, o, \
                               out16, MODE))
-#endif
     if (mode == 0) RQ(0);
     else if (mode == 1) RQ(1);
     else RQ(2);
+#endif
 #undef RQ
 }
 
