@@ -240,12 +240,13 @@ DWV_TARGET static __attribute__((noinline)) void dwv_rows_s2(const dwv_args *v, 
     dwv_rows(v, it, Q, 2);
 }
 
-/* the 3x3 layers of stride S (1 or 2) through dwv_rows; TSR_EINVAL where the CPU lacks VNNI / VBMI */
+/* the 3x3 layers of stride S (1 or 2) through dwv_rows; TSR_EINVAL (the caller then runs the fp32
+ * kernel) where the CPU lacks VNNI / VBMI or the quad buffers cannot be had */
 static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vbmi")) return TSR_EINVAL;
     const int64_t C = a->C, Cp = (C + 15) & ~(int64_t)15, qbuilt = S * (a->Wo - 1) + 3, qcols = qbuilt + S * DWV_P;
     int32_t *wq = (int32_t *)aligned_alloc(64, (size_t)(Cp * 7 * 4));
-    if (!wq) return TSR_ENOMEM;
+    if (!wq) return TSR_EINVAL;
     int32_t *init = wq + Cp * 6;
     /* per 16-channel block: the taps' codes (exact in wf) as bytes of (w0, w1, w2, 0) dwords, and
      * (0, w0, w1, w2) = those shifted up a byte; init - 128 sum w */
@@ -268,25 +269,27 @@ static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
     }
     const dwv_args v = {a, wq, init, Cp, qbuilt, qcols};
     const int64_t items = Nb * (S == 1 ? (a->Ho + 1) / 2 : a->Ho);
-    const size_t qbytes = (size_t)(qcols * Cp * 4);
-    int failed = 0;
-#pragma omp parallel num_threads(tsr_threads(nthreads))
-    {
-        uint8_t *Q = (uint8_t *)aligned_alloc(64, qbytes);
-        const size_t built = (size_t)(qbuilt * Cp * 4);
-        if (Q) memset(Q + built, 0, qbytes - built);   /* the slack columns: read, never used */
-        else {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t it = 0; it < items; it++)
-            if (Q && S == 1) dwv_rows_s1(&v, it, Q);
-            else if (Q) dwv_rows_s2(&v, it, Q);
-        free(Q);
+    const size_t qbytes = (size_t)(qcols * Cp * 4), built = (size_t)(qbuilt * Cp * 4);
+    const int nt = tsr_threads(nthreads);
+    /* every thread's Q up front: without the memory the fp32 kernel runs instead (TSR_EINVAL) */
+    uint8_t *Qs = (uint8_t *)aligned_alloc(64, qbytes * (size_t)nt);
+    if (!Qs) {
+        free(wq);
+        return TSR_EINVAL;
     }
+    for (int t = 0; t < nt; t++) memset(Qs + t * qbytes + built, 0, qbytes - built);   /* slack: read, unused */
+#pragma omp parallel num_threads(nt)
+    {
+        uint8_t *Q = Qs + (size_t)omp_get_thread_num() * qbytes;
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            if (S == 1) dwv_rows_s1(&v, it, Q);
+            else dwv_rows_s2(&v, it, Q);
+        }
+    }
+    free(Qs);
     free(wq);
-    return failed ? TSR_ENOMEM : TSR_OK;
+    return TSR_OK;
 }
 #endif
 

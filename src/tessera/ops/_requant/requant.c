@@ -468,7 +468,7 @@ int tsr_dw_requant_k3(const int8_t *x, int64_t Nb, int64_t C, int64_t H, int64_t
         const char *e = getenv("TESSERA_DW_VNNI");
         if (!(e && e[0] == '0' && e[1] == 0)) {
             const int rc = dwv_run(&a, Nb, (int)st_w, nthreads);
-            if (rc != TSR_EINVAL) return rc;   /* EINVAL: no VNNI / VBMI here, the fp32 kernel below */
+            if (rc != TSR_EINVAL) return rc;   /* EINVAL: no VNNI / VBMI or no memory: the fp32 kernel below */
         }
     }
     const int64_t rows = Nb * Ho;
