@@ -404,8 +404,9 @@ INL int rq_tile64_f(const int32_t *acc, int64_t lda, int64_t rows, const int32_t
         const int32_t *a = acc + i * lda;
         __m512i r[4];
         __mmask16 bad = 0;
-        for (int b = 0; b < 4; b++)
-            bad |= rq_f_double(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k[b], a + 16 * b)), &f[b], &r[b]) & k[b];
+        for (int b = 0; b < 4; b++)   /* k-register ORs, not moves to general registers */
+            bad = _kor_mask16(bad, _kand_mask16(
+                rq_f_double(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k[b], a + 16 * b)), &f[b], &r[b]), k[b]));
         if (bad)   /* a distrusted lane: the integer form for the row */
             for (int b = 0; b < 4; b++) {
                 const rq_v_dch ch = rq_v_double_ch(
@@ -416,7 +417,9 @@ INL int rq_tile64_f(const int32_t *acc, int64_t lda, int64_t rows, const int32_t
             }
         const __m512i p01 = _mm512_adds_epi16(_mm512_packs_epi32(r[0], r[1]), z16);
         const __m512i p23 = _mm512_adds_epi16(_mm512_packs_epi32(r[2], r[3]), z16);
-        _mm512_mask_storeu_epi8(out + i * so, kst, _mm512_permutexvar_epi32(tr, _mm512_packs_epi16(p01, p23)));
+        const __m512i v = _mm512_permutexvar_epi32(tr, _mm512_packs_epi16(p01, p23));
+        if (C == 64) _mm512_storeu_si512((void *)(out + i * so), v);   /* the masked store costs more */
+        else _mm512_mask_storeu_epi8(out + i * so, kst, v);
     }
     return 1;
 }

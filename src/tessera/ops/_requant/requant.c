@@ -9,14 +9,17 @@
  *                  (group, channel, ky, kx) order, padding taps = x_zp (so the correction above
  *                  makes them contribute exactly 0, TFLite's rule)
  *   tsr_dw_requant / tsr_dw_requant_k3: the depthwise conv, requantized per output row (an integer
- *                  tap loop; for 3-wide taps at stride 1/2 on AVX-512, exact fp32 FMA tiles)
+ *                  tap loop; for 3-wide taps at stride 1/2 on AVX-512, dw_int8_k3.h: 3x3 as
+ *                  VPDPBUSD over interleaved row quads with VNNI + VBMI, else exact fp32 FMA tiles)
  *
  * MBQM (MultiplyByQuantizedMultiplier) is written out in ops/requantize/__init__.py; here it is
  * branch-free (selects, shifts) so the per-row loops vectorise.  The int32-accumulator modes work
  * in int32 lanes with one widening 32x32->64 product (|a * m| <= 2^62); the int64 mode in int64
  * (|x * rm| <= 2^62, x clamped to 2^47): nothing overflows for the enforced shift ranges.  With
  * AVX-512 (TSR_AVX512) the rows run through explicit intrinsics (rq_row_v: vpmuldq on even / odd
- * lanes, vpsravd / vpsravq, masked tails), bit-identical to the portable C (rq_row).
+ * lanes, vpsravd / vpsravq, masked tails), bit-identical to the portable C (rq_row); the double
+ * rounding of int8 outputs goes through fp32 with an exactness check where the channels allow it
+ * (tessera_requant.h rq_f_double; TESSERA_RQ_FP32=0 keeps the integer form).
  */
 
 #include "tessera_requant.h"
