@@ -238,7 +238,6 @@ typedef struct {
 
 #define RQ_F_EPS (1.0f / 2048)
 
-
 INL rq_f_ch rq_f_double_ch(__m512i m, __m512i s, __mmask16 k, int64_t lo, int64_t hi) {
     const __m512i zero = _mm512_setzero_si512(), e = _mm512_sub_epi32(zero, s);
     rq_f_ch c;
@@ -303,7 +302,7 @@ static inline int rq64_init(rq64_t *k, const int32_t *mult, const int32_t *shift
     k->rm = buf, k->t = buf + C, k->rnd = buf + 2 * C;
     for (int64_t c = 0; c < C; c++) {
         const int64_t m = mult[cs ? c : 0], t = 15 - (int64_t)shift[cs ? c : 0];
-        k->rm[c] = m < 0x7FFF0000 ? (m + (1 << 15)) >> 16 : 0x7FFF;
+        k->rm[c] = m < 0x7FFF0000 ? (m + (1 << 15)) >> 16 : 0x7FFF;   /* Q31 -> Q15, rounded; 0x7FFF at the top */
         k->t[c] = t;
         k->rnd[c] = (int64_t)1 << (t - 1);
     }
@@ -351,7 +350,8 @@ INL void rq_row_v64k(const int64_t *acc, const int64_t *off, int off_sat, const 
     }
 }
 
-/* one row, 16 channels a step (masked tail) */
+/* one row of int32 accumulators, mode 0 (double rounding) or 1 (single), 16 channels a step
+ * (masked tail); int64 rows take rq_row_v64k */
 INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, const int cs, const int64_t *off,
                   int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, const int out16, const int mode) {
     /* clamp(r + zp, qmin, qmax) == clamp(r, qmin - zp, qmax - zp) + zp, the bounds within +-2^16 */

@@ -10,11 +10,11 @@
 /* ------------------------------------------------------------------ int8 depthwise, 3-wide taps
  * tsr_dw_requant_k3: the int8 depthwise conv for kw = 3, horizontal dilation 1, horizontal stride 1
  * or 2 (MobileNet's layers) as fp32 FMAs over a sliding window, requantized in registers.  The
- * integer tap loop above widens every tap's bytes and multiplies with vpmulld (two uops, one port),
- * and writes its int32 row for tsr_requant to read back; here a tile of 8 output pixels x 16
- * channels keeps its sums in zmm registers, each input column is loaded and widened once for the
- * 3 (stride 1) or 1-2 (stride 2) outputs it feeds, and the finished sums go through rq_v_double /
- * rq_v_single straight to the int8/int16 output.
+ * integer tap loop (requant.c, tsr_dw_requant) widens every tap's bytes and multiplies with vpmulld
+ * (two uops, one port), and writes its int32 row for tsr_requant to read back; here a tile of 8
+ * output pixels x 16 channels keeps its sums in zmm registers, each input column is loaded and
+ * widened once for the 3 (stride 1) or 1-2 (stride 2) outputs it feeds, and the finished sums go
+ * through dwq_put straight to the int8/int16 output.
  * Exact: x and w are int8, so every product is an integer of magnitude <= 2^14; the sums start at
  * init[c] = bias[c] - x_zp * sum(w[c]) (padding taps read x_zp, as in the integer loop, so the
  * correction cancels them), and the launcher checks |init| + taps * 2^14 <= 2^24: every partial
