@@ -121,6 +121,14 @@ INL void rq_row(const char *acc, const int acc64, const int32_t *mult, const int
  * the even lanes and on the odd lanes shifted down (gcc 12's own vectorisation of the int64 C ran
  * at 3-10 ns an element; this runs at ~0.3-0.5 on a (12544, 96) call, one thread). */
 
+/* the mask of the first min(n, 16) lanes (n >= 1): a 16-channel block's tail */
+INL __mmask16 rq_tail16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+
+/* channels c .. c + 15 of a per-channel (cs) or per-tensor int32 parameter (multiplier, shift) */
+INL __m512i rq_v_chan(const int32_t *v, int cs, int64_t c, __mmask16 k) {
+    return cs ? _mm512_maskz_loadu_epi32(k, v + c) : _mm512_set1_epi32(v[0]);
+}
+
 /* 16 int32 accumulators (+ off, int64, the sum saturated to int32: vpmovsqd) */
 INL __m512i rq_v_acc32(const int32_t *a, const int64_t *off, __mmask16 k) {
     const __m512i x = _mm512_maskz_loadu_epi32(k, a);
@@ -263,6 +271,13 @@ INL __mmask16 rq_f_double(__m512 a, const rq_f_ch *c, __m512i *r) {
     return _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f - RQ_F_EPS), _CMP_GT_OQ);
 }
 
+/* rq_f_double's fallback for a vector it distrusts (~2 %): the integer form, clamped to [lo, hi],
+ * its per-channel part formed here rather than for every vector */
+INL __m512i rq_v_double_lazy(__m512i a, __m512i m, __m512i s, __m512i lo32, __m512i hi32) {
+    const rq_v_dch ch = rq_v_double_ch(m, s);
+    return _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(a, &ch), hi32), lo32);
+}
+
 /* mbqm_single on 16 int32 lanes, clamped to [lo, hi] (the output range less the zero point, so the
  * 64-bit result fits int32): floor((a*m + 2^(t-1)) / 2^t), t = 31 - s in [1, 62], |a*m| <= 2^62 so
  * the sum fits int64; round half UP (toward +inf: -2.5 -> -2) as the scalar code. */
@@ -341,7 +356,7 @@ INL void rq_row_v64k(const int64_t *acc, const int64_t *off, int off_sat, const 
     const __m512i lo = _mm512_set1_epi64(qmin - zp), hi = _mm512_set1_epi64(qmax - zp);
     const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
     for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 k = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
+        const __mmask16 k = rq_tail16(C - c);
         const __m256i rl = rq_v_int64k(acc + c, off ? off + c : NULL, off_sat, (__mmask8)k, K, c0 + c, lo, hi);
         const __m256i rh = rq_v_int64k(acc + c + 8, off ? off + c + 8 : NULL, off_sat, (__mmask8)(k >> 8), K,
                                        c0 + c + 8, lo, hi);
@@ -358,12 +373,10 @@ INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, co
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
     const __m512i lo64 = _mm512_set1_epi64(qmin - zp), hi64 = _mm512_set1_epi64(qmax - zp);
     const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
-    const __m512i m0 = _mm512_set1_epi32(mult[0]), s0 = _mm512_set1_epi32(shift[0]);
     const int oe = out16 ? 2 : 1;
     for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 k = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
-        const __m512i m = cs ? _mm512_maskz_loadu_epi32(k, mult + c) : m0;
-        const __m512i s = cs ? _mm512_maskz_loadu_epi32(k, shift + c) : s0;
+        const __mmask16 k = rq_tail16(C - c);
+        const __m512i m = rq_v_chan(mult, cs, c, k), s = rq_v_chan(shift, cs, c, k);
         const int64_t *oc = off ? off + c : NULL;
         __m512i r;
         if (mode == 0) {
@@ -390,10 +403,9 @@ INL int rq_tile64_f(const int32_t *acc, int64_t lda, int64_t rows, const int32_t
     rq_f_ch f[4];
     __mmask16 k[4];
     for (int b = 0; b < 4; b++) {
-        k[b] = C - 16 * b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - 16 * b)) - 1u);
-        f[b] = rq_f_double_ch(cs ? _mm512_maskz_loadu_epi32(k[b], mult + 16 * b) : _mm512_set1_epi32(mult[0]),
-                              cs ? _mm512_maskz_loadu_epi32(k[b], shift + 16 * b) : _mm512_set1_epi32(shift[0]),
-                              k[b], qmin - zp, qmax - zp);
+        k[b] = rq_tail16(C - 16 * b);
+        f[b] = rq_f_double_ch(rq_v_chan(mult, cs, 16 * b, k[b]), rq_v_chan(shift, cs, 16 * b, k[b]), k[b], qmin - zp,
+                              qmax - zp);
         if (!f[b].ok) return 0;
     }
     const __m512i z16 = _mm512_set1_epi16((short)zp);
@@ -408,13 +420,9 @@ INL int rq_tile64_f(const int32_t *acc, int64_t lda, int64_t rows, const int32_t
             bad = _kor_mask16(bad, _kand_mask16(
                 rq_f_double(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k[b], a + 16 * b)), &f[b], &r[b]), k[b]));
         if (bad)   /* a distrusted lane: the integer form for the row */
-            for (int b = 0; b < 4; b++) {
-                const rq_v_dch ch = rq_v_double_ch(
-                    cs ? _mm512_maskz_loadu_epi32(k[b], mult + 16 * b) : _mm512_set1_epi32(mult[0]),
-                    cs ? _mm512_maskz_loadu_epi32(k[b], shift + 16 * b) : _mm512_set1_epi32(shift[0]));
-                r[b] = _mm512_max_epi32(_mm512_min_epi32(
-                    rq_v_double_pre(_mm512_maskz_loadu_epi32(k[b], a + 16 * b), &ch), hi32), lo32);
-            }
+            for (int b = 0; b < 4; b++)
+                r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(k[b], a + 16 * b), rq_v_chan(mult, cs, 16 * b, k[b]),
+                                        rq_v_chan(shift, cs, 16 * b, k[b]), lo32, hi32);
         const __m512i p01 = _mm512_adds_epi16(_mm512_packs_epi32(r[0], r[1]), z16);
         const __m512i p23 = _mm512_adds_epi16(_mm512_packs_epi32(r[2], r[3]), z16);
         const __m512i v = _mm512_permutexvar_epi32(tr, _mm512_packs_epi16(p01, p23));
@@ -434,22 +442,20 @@ INL void rq_tile_v_double(const int32_t *acc, int64_t lda, int64_t rows, const i
     const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
     const int oe = out16 ? 2 : 1;
     for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 k = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
-        const __m512i mv = cs ? _mm512_maskz_loadu_epi32(k, mult + c) : _mm512_set1_epi32(mult[0]);
-        const __m512i sv = cs ? _mm512_maskz_loadu_epi32(k, shift + c) : _mm512_set1_epi32(shift[0]);
-        const rq_v_dch ch = rq_v_double_ch(mv, sv);
-        const int64_t *oc = off ? off + c : NULL;
+        const __mmask16 k = rq_tail16(C - c);
+        const __m512i mv = rq_v_chan(mult, cs, c, k), sv = rq_v_chan(shift, cs, c, k);
         const rq_f_ch fc = rq_f_double_ch(mv, sv, k, qmin - zp, qmax - zp);
         if (fast && !off && !out16 && fc.ok) {
             for (int64_t i = 0; i < rows; i++) {
                 const __m512i a = _mm512_maskz_loadu_epi32(k, acc + i * lda + c);
                 __m512i r;
-                if (rq_f_double(_mm512_cvtepi32_ps(a), &fc, &r) & k)
-                    r = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(a, &ch), hi32), lo32);
+                if (rq_f_double(_mm512_cvtepi32_ps(a), &fc, &r) & k) r = rq_v_double_lazy(a, mv, sv, lo32, hi32);
                 rq_v_store(out + (i * so + c) * oe, out16, _mm512_add_epi32(r, vzp), k);
             }
             continue;
         }
+        const rq_v_dch ch = rq_v_double_ch(mv, sv);
+        const int64_t *oc = off ? off + c : NULL;
         for (int64_t i = 0; i < rows; i++) {
             __m512i r = rq_v_double_pre(rq_v_acc32(acc + i * lda + c, oc, k), &ch);
             r = _mm512_max_epi32(_mm512_min_epi32(r, hi32), lo32);

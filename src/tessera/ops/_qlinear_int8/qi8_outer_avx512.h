@@ -138,25 +138,30 @@ QO_BLOCK_FN(qo16_block)
  * only the panel's first one (two) 16-column blocks and keep 24 (12) rows in the 24 accumulators
  * instead: every VPDPBUSD is useful, one broadcast each (two). */
 #define QN_BCAST(i) ({ int32_t q_; memcpy(&q_, A + (i) * lda + 4 * k4, 4); _mm512_set1_epi32(q_); })
-#define QN_STEP1(i) if (FULL || mr > i) { const __m512i a_ = QN_BCAST(i); QO_DP(d##i, a_, b0); }
-#define QN_STORE1(i) if (FULL || mr > i) _mm512_mask_storeu_epi32(out + (i) * ldo, m0, _mm512_sub_epi32(d##i, k0));
-#define QN_STEP2(i) if (FULL || mr > i) { const __m512i a_ = QN_BCAST(i); QO_DP(e##i##0, a_, b0); QO_DP(e##i##1, a_, b1); }
-#define QN_STORE2(i)                                                                                  \
-    if (FULL || mr > i) {                                                                             \
-        _mm512_mask_storeu_epi32(out + (i) * ldo, m0, _mm512_sub_epi32(e##i##0, k0));                 \
-        _mm512_mask_storeu_epi32(out + (i) * ldo + 16, m1, _mm512_sub_epi32(e##i##1, k1));            \
-    }
-#define QN_BLOCK1(name, FULL_)                                                                        \
+/* both narrow kernels: the 24 accumulators r0..r23 pinned to zmm8..zmm31 (as QO_ACC above) */
+#define QN_HEAD(name, FULL_)                                                                          \
 VNNI_TARGET static __attribute__((noinline)) void name(const uint8_t *A, int64_t lda, const int mr,   \
                                                        const int8_t *P, int64_t k4n, const int32_t *corr, \
                                                        int32_t *out, int64_t ldo, int64_t cols) {     \
     enum { FULL = FULL_ };   /* 1: mr is the full row count, no row tests */                         \
-    QO_REG(d0, "zmm8"); QO_REG(d1, "zmm9"); QO_REG(d2, "zmm10"); QO_REG(d3, "zmm11");                 \
-    QO_REG(d4, "zmm12"); QO_REG(d5, "zmm13"); QO_REG(d6, "zmm14"); QO_REG(d7, "zmm15");               \
-    QO_REG(d8, "zmm16"); QO_REG(d9, "zmm17"); QO_REG(d10, "zmm18"); QO_REG(d11, "zmm19");             \
-    QO_REG(d12, "zmm20"); QO_REG(d13, "zmm21"); QO_REG(d14, "zmm22"); QO_REG(d15, "zmm23");           \
-    QO_REG(d16, "zmm24"); QO_REG(d17, "zmm25"); QO_REG(d18, "zmm26"); QO_REG(d19, "zmm27");           \
-    QO_REG(d20, "zmm28"); QO_REG(d21, "zmm29"); QO_REG(d22, "zmm30"); QO_REG(d23, "zmm31");           \
+    QO_REG(r0, "zmm8"); QO_REG(r1, "zmm9"); QO_REG(r2, "zmm10"); QO_REG(r3, "zmm11");                 \
+    QO_REG(r4, "zmm12"); QO_REG(r5, "zmm13"); QO_REG(r6, "zmm14"); QO_REG(r7, "zmm15");               \
+    QO_REG(r8, "zmm16"); QO_REG(r9, "zmm17"); QO_REG(r10, "zmm18"); QO_REG(r11, "zmm19");             \
+    QO_REG(r12, "zmm20"); QO_REG(r13, "zmm21"); QO_REG(r14, "zmm22"); QO_REG(r15, "zmm23");           \
+    QO_REG(r16, "zmm24"); QO_REG(r17, "zmm25"); QO_REG(r18, "zmm26"); QO_REG(r19, "zmm27");           \
+    QO_REG(r20, "zmm28"); QO_REG(r21, "zmm29"); QO_REG(r22, "zmm30"); QO_REG(r23, "zmm31");
+/* one column block: row i in r_i */
+#define QN_STEP1(i) if (FULL || mr > i) { const __m512i a_ = QN_BCAST(i); QO_DP(r##i, a_, b0); }
+#define QN_STORE1(i) if (FULL || mr > i) _mm512_mask_storeu_epi32(out + (i) * ldo, m0, _mm512_sub_epi32(r##i, k0));
+/* two column blocks: row i in r_x (columns 0..15) and r_y (16..31), x = 2i, y = 2i + 1 */
+#define QN_STEP2(i, x, y) if (FULL || mr > i) { const __m512i a_ = QN_BCAST(i); QO_DP(r##x, a_, b0); QO_DP(r##y, a_, b1); }
+#define QN_STORE2(i, x, y)                                                                            \
+    if (FULL || mr > i) {                                                                             \
+        _mm512_mask_storeu_epi32(out + (i) * ldo, m0, _mm512_sub_epi32(r##x, k0));                    \
+        _mm512_mask_storeu_epi32(out + (i) * ldo + 16, m1, _mm512_sub_epi32(r##y, k1));               \
+    }
+#define QN_BLOCK1(name, FULL_)                                                                        \
+QN_HEAD(name, FULL_)                                                                                  \
     for (int64_t k4 = 0; k4 < k4n; k4++) {                                                            \
         const __m512i b0 = _mm512_load_si512((const void *)(P + k4 * 256));                           \
         QN_STEP1(0) QN_STEP1(1) QN_STEP1(2) QN_STEP1(3) QN_STEP1(4) QN_STEP1(5) QN_STEP1(6) QN_STEP1(7) \
@@ -172,32 +177,26 @@ VNNI_TARGET static __attribute__((noinline)) void name(const uint8_t *A, int64_t
     QN_STORE1(20) QN_STORE1(21) QN_STORE1(22) QN_STORE1(23)                                           \
 }
 #define QN_BLOCK2(name, FULL_)                                                                        \
-VNNI_TARGET static __attribute__((noinline)) void name(const uint8_t *A, int64_t lda, const int mr,   \
-                                                       const int8_t *P, int64_t k4n, const int32_t *corr, \
-                                                       int32_t *out, int64_t ldo, int64_t cols) {     \
-    enum { FULL = FULL_ };   /* 1: mr is the full row count, no row tests */                         \
-    QO_REG(e00, "zmm8"); QO_REG(e01, "zmm9"); QO_REG(e10, "zmm10"); QO_REG(e11, "zmm11");             \
-    QO_REG(e20, "zmm12"); QO_REG(e21, "zmm13"); QO_REG(e30, "zmm14"); QO_REG(e31, "zmm15");           \
-    QO_REG(e40, "zmm16"); QO_REG(e41, "zmm17"); QO_REG(e50, "zmm18"); QO_REG(e51, "zmm19");           \
-    QO_REG(e60, "zmm20"); QO_REG(e61, "zmm21"); QO_REG(e70, "zmm22"); QO_REG(e71, "zmm23");           \
-    QO_REG(e80, "zmm24"); QO_REG(e81, "zmm25"); QO_REG(e90, "zmm26"); QO_REG(e91, "zmm27");           \
-    QO_REG(e100, "zmm28"); QO_REG(e101, "zmm29"); QO_REG(e110, "zmm30"); QO_REG(e111, "zmm31");       \
+QN_HEAD(name, FULL_)                                                                                  \
     for (int64_t k4 = 0; k4 < k4n; k4++) {                                                            \
         const __m512i b0 = _mm512_load_si512((const void *)(P + k4 * 256));                           \
         const __m512i b1 = _mm512_load_si512((const void *)(P + k4 * 256 + 64));                      \
-        QN_STEP2(0) QN_STEP2(1) QN_STEP2(2) QN_STEP2(3) QN_STEP2(4) QN_STEP2(5) QN_STEP2(6)           \
-        QN_STEP2(7) QN_STEP2(8) QN_STEP2(9) QN_STEP2(10) QN_STEP2(11)                                 \
+        QN_STEP2(0, 0, 1) QN_STEP2(1, 2, 3) QN_STEP2(2, 4, 5) QN_STEP2(3, 6, 7) QN_STEP2(4, 8, 9)      \
+        QN_STEP2(5, 10, 11) QN_STEP2(6, 12, 13) QN_STEP2(7, 14, 15) QN_STEP2(8, 16, 17)               \
+        QN_STEP2(9, 18, 19) QN_STEP2(10, 20, 21) QN_STEP2(11, 22, 23)                                 \
     }                                                                                                 \
     const __m512i k0 = _mm512_loadu_si512((const void *)corr);                                        \
     const __m512i k1 = _mm512_loadu_si512((const void *)(corr + 16));                                 \
     const __mmask16 m0 = qo_mask(cols), m1 = qo_mask(cols - 16);                                      \
-    QN_STORE2(0) QN_STORE2(1) QN_STORE2(2) QN_STORE2(3) QN_STORE2(4) QN_STORE2(5) QN_STORE2(6)        \
-    QN_STORE2(7) QN_STORE2(8) QN_STORE2(9) QN_STORE2(10) QN_STORE2(11)                                \
+    QN_STORE2(0, 0, 1) QN_STORE2(1, 2, 3) QN_STORE2(2, 4, 5) QN_STORE2(3, 6, 7) QN_STORE2(4, 8, 9)    \
+    QN_STORE2(5, 10, 11) QN_STORE2(6, 12, 13) QN_STORE2(7, 14, 15) QN_STORE2(8, 16, 17)             \
+    QN_STORE2(9, 18, 19) QN_STORE2(10, 20, 21) QN_STORE2(11, 22, 23)                                 \
 }
 QN_BLOCK1(qo_block_n1, 0)
 QN_BLOCK1(qo_block_n1_full, 1)
 QN_BLOCK2(qo_block_n2, 0)
 QN_BLOCK2(qo_block_n2_full, 1)
+#undef QN_HEAD
 #undef QN_BLOCK1
 #undef QN_BLOCK2
 #undef QN_BCAST

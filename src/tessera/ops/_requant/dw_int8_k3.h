@@ -38,8 +38,8 @@ typedef struct {
 
 INL dwq_rq dwq_rq_init(const dwq_args *a, int64_t c0, __mmask16 kb) {
     dwq_rq R;
-    R.m = a->cs ? _mm512_maskz_loadu_epi32(kb, a->mult + c0) : _mm512_set1_epi32(a->mult[0]);
-    R.s = a->cs ? _mm512_maskz_loadu_epi32(kb, a->shift + c0) : _mm512_set1_epi32(a->shift[0]);
+    R.m = rq_v_chan(a->mult, a->cs, c0, kb);
+    R.s = rq_v_chan(a->shift, a->cs, c0, kb);
     /* the sums are exact integers within 2^24: the double rounding through fp32 where the channels
      * allow it (tessera_requant.h rq_f_double), the integer form for the vectors it distrusts (~2 %;
      * its per-channel part is then formed there, not here: ~25 instructions a block a row) */
@@ -60,14 +60,12 @@ INL dwq_rq dwq_rq_init(const dwq_args *a, int64_t c0, __mmask16 kb) {
 /* requantize 16 channels' sums (accf: fp32, exact; acc32: the same as int32) into o */
 INL void dwq_put(const dwq_rq *R, __m512 accf, __m512i acc32, char *o) {
     __m512i q;
-    if (!(R->f32 && !(rq_f_double(accf, &R->fc, &q) & R->kb))) {
-        if (R->f32) {   /* a distrusted vector */
-            const rq_v_dch ch = rq_v_double_ch(R->m, R->s);
-            q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(acc32, &ch), R->hi32), R->lo32);
-        } else if (R->mode == 0)
-            q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(acc32, &R->ch), R->hi32), R->lo32);
-        else
-            q = rq_v_single(acc32, R->m, R->s, R->lo64, R->hi64);
+    if (R->f32) {
+        if (rq_f_double(accf, &R->fc, &q) & R->kb) q = rq_v_double_lazy(acc32, R->m, R->s, R->lo32, R->hi32);
+    } else if (R->mode == 0) {
+        q = _mm512_max_epi32(_mm512_min_epi32(rq_v_double_pre(acc32, &R->ch), R->hi32), R->lo32);
+    } else {
+        q = rq_v_single(acc32, R->m, R->s, R->lo64, R->hi64);
     }
     rq_v_store(o, R->out16, _mm512_add_epi32(q, R->ozp), R->kb);
 }
@@ -78,7 +76,7 @@ INL void dwq_row(const dwq_args *a, int64_t r, const int S) {
     const int oe = a->out16 ? 2 : 1;
     const __m512 vzp = _mm512_set1_ps(a->zp);
     for (int64_t c0 = 0; c0 < C; c0 += 16) {
-        const __mmask16 kb = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        const __mmask16 kb = rq_tail16(C - c0);
         const __m512 init = _mm512_maskz_loadu_ps(kb, a->init + c0);
         const dwq_rq R = dwq_rq_init(a, c0, kb);
         for (int64_t ox0 = 0; ox0 < Wo; ox0 += DWQ_P) {
@@ -139,6 +137,10 @@ typedef struct {
     const int32_t *wq;     /* [Cp / 16][6][16]: per 16-channel block (w0, w1, w2, 0) for kx 0..2, then (0, w0, w1, w2) */
     const int32_t *init;   /* [Cp]: init - 128 sum w */
     int64_t Cp, qbuilt, qcols;   /* C rounded up to 16; Q's columns: S (Wo - 1) + 3 built, then S DWV_P of slack */
+    /* dwv_build's permutations (dwv_run forms them once): byte pairs of rows (0, 1) / (2, 3),
+     * positions 0..31 (ilo) and 32..63 (ihi); then word pairs of those, channels 0..15 (iwa) /
+     * 16..31 (iwb) of each half, 4 rows each */
+    __m512i ilo, ihi, iwa, iwb;
 } dwv_args;
 
 /* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r */
@@ -146,25 +148,7 @@ DWV_TARGET static void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint
     const dwq_args *a = v->a;
     const int64_t C = a->C, Cp = v->Cp, Wq = v->qbuilt;
     const __m512i pad = _mm512_set1_epi8((char)(uint8_t)((int)a->zp + 128)), flip = _mm512_set1_epi8((char)0x80);
-    /* byte pairs of rows (0, 1) / (2, 3): positions 0..31 (lo) and 32..63 (hi); then word pairs of
-     * those: channels 0..15 / 16..31 of each half, 4 rows each */
-    __m512i ilo, ihi, iwa, iwb;
-    {
-        int8_t b[2][64];
-        int16_t w[2][32];
-        for (int i = 0; i < 64; i++) {
-            b[0][i] = (int8_t)((i & 1 ? 64 : 0) + i / 2);
-            b[1][i] = (int8_t)((i & 1 ? 64 : 0) + 32 + i / 2);
-        }
-        for (int i = 0; i < 32; i++) {
-            w[0][i] = (int16_t)((i & 1 ? 32 : 0) + i / 2);
-            w[1][i] = (int16_t)((i & 1 ? 32 : 0) + 16 + i / 2);
-        }
-        ilo = _mm512_loadu_si512(b[0]);
-        ihi = _mm512_loadu_si512(b[1]);
-        iwa = _mm512_loadu_si512(w[0]);
-        iwb = _mm512_loadu_si512(w[1]);
-    }
+    const __m512i ilo = v->ilo, ihi = v->ihi, iwa = v->iwa, iwb = v->iwb;
     const int8_t *rows[4];
     for (int r = 0; r < 4; r++) {
         const int64_t iy = iy0 + r;
@@ -200,7 +184,7 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const 
     const int two = S == 1 && oy + 1 < a->Ho, oe = a->out16 ? 2 : 1;
     dwv_build(v, n, oy * S - a->pd_h, Q);
     for (int64_t c0 = 0; c0 < a->C; c0 += 16) {
-        const __mmask16 kb = a->C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (a->C - c0)) - 1u);
+        const __mmask16 kb = rq_tail16(a->C - c0);
         const dwq_rq R = dwq_rq_init(a, c0, kb);
         const int32_t *wb = v->wq + c0 * 6;
         const __m512i wa0 = _mm512_load_si512(wb), wa1 = _mm512_load_si512(wb + 16), wa2 = _mm512_load_si512(wb + 32);
@@ -251,7 +235,7 @@ static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
     /* per 16-channel block: the taps' codes (exact in wf) as bytes of (w0, w1, w2, 0) dwords, and
      * (0, w0, w1, w2) = those shifted up a byte; init - 128 sum w */
     for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
-        const __mmask16 kb = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        const __mmask16 kb = rq_tail16(C - c0);
         const __m512i byte = _mm512_set1_epi32(0xFF);
         __m512i sum = _mm512_setzero_si512();
         for (int kx = 0; kx < 3; kx++) {
@@ -267,7 +251,18 @@ static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(kb, a->init + c0));
         _mm512_store_si512(init + c0, _mm512_sub_epi32(i0, _mm512_slli_epi32(sum, 7)));
     }
-    const dwv_args v = {a, wq, init, Cp, qbuilt, qcols};
+    int8_t p8[2][64];   /* dwv_args.ilo / ihi, iwa / iwb */
+    int16_t p16[2][32];
+    for (int i = 0; i < 64; i++) {
+        p8[0][i] = (int8_t)((i & 1 ? 64 : 0) + i / 2);
+        p8[1][i] = (int8_t)((i & 1 ? 64 : 0) + 32 + i / 2);
+    }
+    for (int i = 0; i < 32; i++) {
+        p16[0][i] = (int16_t)((i & 1 ? 32 : 0) + i / 2);
+        p16[1][i] = (int16_t)((i & 1 ? 32 : 0) + 16 + i / 2);
+    }
+    const dwv_args v = {a, wq, init, Cp, qbuilt, qcols, _mm512_loadu_si512(p8[0]), _mm512_loadu_si512(p8[1]),
+                        _mm512_loadu_si512(p16[0]), _mm512_loadu_si512(p16[1])};
     const int64_t items = Nb * (S == 1 ? (a->Ho + 1) / 2 : a->Ho);
     const size_t qbytes = (size_t)(qcols * Cp * 4), built = (size_t)(qbuilt * Cp * 4);
     const int nt = tsr_threads(nthreads);

@@ -325,7 +325,7 @@ INL void dw_row_v16(const int16_t *xb, int64_t sh, int64_t sw, const int32_t *wt
                     int64_t *a) {
     const __m512i vzp = _mm512_set1_epi32(zp);
     for (int64_t c0 = 0; c0 < C; c0 += 16) {
-        const __mmask16 k = C - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c0)) - 1u);
+        const __mmask16 k = rq_tail16(C - c0);
         __m512i acc = _mm512_setzero_si512();
         for (int64_t ky = 0; ky < kh; ky++) {
             const int64_t iy = iy0 + ky * dl_h;

@@ -59,7 +59,7 @@ static inline __m512i load16(const char *p, int64_t i, int bits16, __mmask16 k) 
 static void add_range_v(const char *a, const char *b, char *out, int64_t i0, int64_t i1, int bits16, int sat,
                         const add_v *V) {
     for (int64_t i = i0; i < i1; i += 16) {
-        const __mmask16 k = i1 - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (i1 - i)) - 1u);
+        const __mmask16 k = rq_tail16(i1 - i);
         const __m512i xa = _mm512_mullo_epi32(_mm512_sub_epi32(load16(a, i, bits16, k), V->za), V->scale);
         const __m512i xb = _mm512_mullo_epi32(_mm512_sub_epi32(load16(b, i, bits16, k), V->zb), V->scale);
         const __m512i ra = rq_v_double_pre(xa, &V->ca), rb = rq_v_double_pre(xb, &V->cb);
