@@ -58,15 +58,19 @@ def test_fp32_double_rounding_depthwise(monkeypatch, e_choices, clamp):
             x, 7, w, b, m, s, zp, stride, 1, 1, C, qmin, qmax, backend=be))
 
 
-@pytest.mark.parametrize("e_choices", [[0], [1], [2, 7], [0, 1, 2, 7, 20, 31, -1]])
-@pytest.mark.parametrize("M,K,N", [(200, 16, 96), (300, 27, 33), (130, 64, 40), (150, 24, 120)])
+@pytest.mark.parametrize("e_choices", [[0], [1], [2, 7], [1, 2, 7, 20, 31], [0, 1, 2, 7, 20, 31, -1]])
+@pytest.mark.parametrize("M,K,N", [(200, 16, 96), (300, 27, 33), (130, 64, 40), (150, 24, 120), (203, 16, 16),
+                                   (101, 32, 32), (150, 8, 7), (77, 20, 21), (99, 32, 80)])
 def test_fp32_double_rounding_gemm_tile(monkeypatch, e_choices, M, K, N):
+    """rq_tile_f8 (every e >= 1): 4 rows a register for N <= 16, 2 for N <= 32 (adjacent rows, one
+    store, where N is 16 / 32; row counts off the grid), one for 33..64 and the 64-column chunks;
+    e = 0 or a left shift: the 16-wide fp32 form or the integer form."""
     gen = torch.Generator().manual_seed(M + K + N + len(e_choices))
     x = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
     w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
     m, s = _scales(N, gen, e_choices)
     for bias in (None, torch.randint(-(1 << 18), 1 << 18, (N,), generator=gen, dtype=torch.int32)):
-        for zp, qmin, qmax in ((5, -128, 127), (-128, -128, -80)):
+        for zp, qmin, qmax in ((5, -128, 127), (-128, -128, -80), (100, 90, 110)):
             _both(monkeypatch, "TESSERA_RQ_FP32", lambda be: tessera.linear_int8_requant(
                 x, -9, w, bias, m, s, zp, qmin, qmax, backend=be))
     # the same GEMM under a 1x1 conv (channels-last codes: the rows are the GEMM's columns)
@@ -132,3 +136,40 @@ def test_fp32_double_rounding_sweep(monkeypatch):
         _both(monkeypatch, "TESSERA_RQ_FP32", lambda be: tessera.requantize(acc, m, s, zp, qmin, qmax, backend=be))
         _both(monkeypatch, "TESSERA_RQ_FP32", lambda be: tessera.requantize(
             acc[:, 5:1000], m[5:1000], s[5:1000], zp, qmin, qmax, backend=be))
+
+
+@pytest.mark.parametrize("N", [16, 48, 64])
+@pytest.mark.parametrize("e", [0, 1])
+def test_fp32_tile_extreme_accumulators(N, e):
+    """Accumulators at the int32 ends (x = -128 against w = -128 / 127, the bias at the fold's
+    bound): at e = 0 and m = 2^31 - 1, fl(a) S reaches 2^31, which no int32 conversion holds --
+    rq_tile_f8 (no fp32 clamp) must leave such channels to the clamped form; at e = 1 it runs.
+    M = 40: the broadcast GEMM's requantized tile (M <= 16 takes the int32 scratch path)."""
+    K = 16
+    x = torch.full((40, K), -128, dtype=torch.int8)
+    w = torch.where(torch.arange(N) % 2 == 0, -128, 127).to(torch.int8)[:, None].expand(N, K).contiguous()
+    big = 2**31 - 1 - K * 2**14
+    bias = torch.where(torch.arange(N) % 2 == 0, big, -big).to(torch.int32)
+    m = torch.full((N,), 2**31 - 1, dtype=torch.int32)
+    s = torch.full((N,), -e, dtype=torch.int32)
+    for zp, qmin, qmax in ((0, -128, 127), (-7, -128, 100)):
+        args = (x, 0, w, bias, m, s, zp, qmin, qmax)
+        assert torch.equal(tessera.linear_int8_requant(*args, backend="cpu"),
+                           tessera.linear_int8_requant(*args, backend="reference"))
+
+
+@pytest.mark.parametrize("M,C", [(7, 16), (5, 30), (3, 9)])
+def test_fp32_tile_reads_no_row_past_the_end(M, C):
+    """rq_tile_f8 packs 4 rows (C <= 16) or 2 (C <= 32) a register: a last group of fewer rows
+    must not load the missing ones.  tessera.requantize on accumulators that end at a page that
+    faults on access (tessera.testing.fence), in a child process (a fault kills it)."""
+    import subprocess
+    import sys
+    code = (f"import torch, tessera\nfrom tessera.testing.fence import fenced\n"
+            f"acc = fenced(torch.randint(-2**20, 2**20, ({M}, {C}), dtype=torch.int32), 'end')\n"
+            f"m = torch.full(({C},), 2**30 + 5, dtype=torch.int32); s = torch.full(({C},), -3, dtype=torch.int32)\n"
+            f"got = tessera.requantize(acc, m, s, 3, -128, 127, backend='cpu')\n"
+            f"want = tessera.requantize(acc.clone(), m, s, 3, -128, 127, backend='reference')\n"
+            f"assert torch.equal(got, want)\nprint('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

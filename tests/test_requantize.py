@@ -302,13 +302,15 @@ def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W, kh):
 
 
 @pytest.mark.parametrize("C,W,k,stride", [(3, 1, 7, 2), (3, 2, 7, 1), (3, 9, 7, 2), (5, 4, 3, 1), (16, 13, 3, 2),
-                                           (2, 6, 5, 3), (3, 11, 3, 2), (7, 5, 3, 1), (4, 8, 4, 1)])
+                                           (2, 6, 5, 3), (3, 11, 3, 2), (7, 5, 3, 1), (4, 8, 4, 1), (3, 24, 3, 2),
+                                           (3, 17, 3, 1), (2, 20, 3, 1), (1, 9, 2, 1)])
 @pytest.mark.parametrize("xdt", [torch.int8, torch.int16])
 def test_im2col_tap_runs(C, W, k, stride, xdt):
     """tsr_im2col's one-copy-per-tap-row path (channels-last x, one group, dilation 1): runs cut by
     the padding at either end or both (W < k), rows of padding, against the int64 reference; column
     rows of at most 64 bytes (MobileNetV2's 27-byte stem, 63 and 64 bytes) are built in one register
-    from masked loads, int8 and int16 codes."""
+    from masked loads, int8 and int16 codes; the interior's pixels (no tap column outside the image)
+    two a register where two column rows fit, an odd count of them leaving one."""
     gen = torch.Generator().manual_seed(C * 31 + W)
     O = 8
     lo, hi = (-128, 128) if xdt == torch.int8 else (-32768, 32768)
@@ -356,6 +358,29 @@ def test_fused_gemm_requantize_offset_fold(M, K):
         for xz in (-128, 127):
             got = tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="cpu")
             assert torch.equal(got, tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="reference"))
+
+
+@pytest.mark.parametrize("M,K,N", [(40, 32, 192), (100, 27, 16), (17, 300, 70)])
+def test_packed_weight_cache(M, K, N):
+    """linear_int8_requant / conv2d_int8 read the VNNI GEMM's weight panels packed once per weight
+    tensor (tsr_qi8_pack, _library.per_tensor); an update in place, and another weight tensor,
+    must rebuild them: every call against the reference."""
+    gen = torch.Generator().manual_seed(M + K + N)
+    x = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    m = torch.randint(2**30, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.full((N,), -9, dtype=torch.int32)
+    xc = x.reshape(1, M, 1, K).permute(0, 3, 1, 2)   # channels-last [1, K, M, 1]: the pointwise conv's rows are x
+    for step in range(3):
+        lin = (x, 3, w, None, m, s, -2, -128, 127)
+        assert torch.equal(tessera.linear_int8_requant(*lin, backend="cpu"),
+                           tessera.linear_int8_requant(*lin, backend="reference")), step
+        conv = (xc, 3, w.reshape(N, K, 1, 1), None, m, s, -2)
+        assert torch.equal(tessera.conv2d_int8(*conv, backend="cpu"), tessera.conv2d_int8(*conv, backend="reference"))
+        if step == 0:
+            w.neg_().add_(1)   # in place: the version counter moves
+        else:
+            w = w.flip(0).contiguous()   # another tensor
 
 
 @pytest.mark.parametrize("M,K,N", [(200, 16, 96), (130, 27, 33), (97, 3, 70), (64, 130, 16)])

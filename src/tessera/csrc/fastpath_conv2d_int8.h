@@ -32,7 +32,7 @@ struct QConvEntry {
   int64_t shift_lo = 0, shift_hi = 0;  // SHIFT_RANGE of the accumulator's path
   Stamp w, b;                          // b: only when the call had a bias
   bool has_bias = false;
-  std::optional<WeakImpl> held0, held1;  // (w2, off), (wf, init) or (wt, off)
+  std::optional<WeakImpl> held0, held1;  // (wbuf, off), (wf, init) or (wt, off)
 };
 auto *g_qconv_table = new std::unordered_map<QConvKey, std::shared_ptr<QConvEntry>, KeyHash<QCONV_KEY_LEN>>();
 
@@ -155,17 +155,20 @@ int qconv_rows(const QConvEntry &e, const QConvKey &k, at::Tensor x, const at::T
   if (!fn) return -1;
   using F = int (*)(const void *, int64_t, int, int64_t, int64_t, const int8_t *, int64_t, const int32_t *,
                     const int32_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t, int, void *, int64_t, int,
-                    int, int);
+                    int, int, const int8_t *);
   const int vnni = vnni_ok(), bits = x.scalar_type() == at::kChar ? 8 : 16;
   const int64_t M = N * Ho * Wo, Og = O / groups, Kg = Cg * kh * kw, es = x.element_size();
+  // h0: _requant/cpu.py's _gemm_weight buffer, w2 [O, Kg] then (64-byte aligned) its packed panels
   const int8_t *w2 = (const int8_t *)h0.data_ptr();
+  const int64_t head = (O * Kg + 63) / 64 * 64;
+  const int8_t *packed = groups == 1 && h0.numel() > head ? w2 + head : nullptr;
   const int64_t *off = (const int64_t *)h1.data_ptr();
   for (int64_t g = 0; g < groups && rc == 0; g++) {  // (int_mm_requant per group: cols' and w2's slices)
     const int64_t o0 = g * Og, work = std::max<int64_t>(M, 16) * Og * Kg / 16, pc = cs ? o0 : 0;
     rc = launch(M * Og * Kg, [&] {
       return ((F)fn)((const char *)cols + g * Kg * es, Kc, bits, M, Kg, w2 + o0 * Kg, Og, mp + pc, sp + pc,
                      cs && Og > 1, off + o0, o_zp, qmin, qmax, (int)rounding, (char *)out.data_ptr() + o0 * (1 + out16),
-                     out.stride(0), out16, vnni, threads_for(work));
+                     out.stride(0), out16, vnni, threads_for(work), packed);
     });
   }
   return rc;

@@ -388,60 +388,174 @@ INL void rq_row_v(const char *acc, const int32_t *mult, const int32_t *shift, co
         rq_v_store(out + c * oe, out16, _mm512_add_epi32(r, vzp), k);
     }
 }
-/* rows x C int32 accumulators (row stride lda) into output rows (row stride so), the double
- * rounding (mode 0): rq_row_v's arithmetic with the per-channel part formed once per 16 columns for
- * all the rows, not once per row (a pointwise conv's GEMM tile: ~1/3 of the requantization's work);
- * through fp32 (rq_f_double) where FAST (no offset to add: the tile holds whole accumulators) and
- * the 16 channels allow it */
-/* rq_tile_v_double's fp32 form for a 49..64-column int8 tile, a row at a time: the four blocks'
- * results (within [qmin - zp, qmax - zp]) go out through saturating packs (exact here), the zero
- * point added once per 32 values in int16, and one dword transpose that undoes the packs'
- * in-lane order: 64 bytes a store instead of four narrowing stores.  0 where a block's channels
- * do not allow the fp32 form (the caller then runs the general loop). */
-INL int rq_tile64_f(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
-                    const int cs, int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, int64_t so) {
+/* The fp32 double rounding for int8 outputs, four 16-lane blocks at a time (rq_tile_f8: the GEMM's
+ * tile and tsr_requant; dw_int8_k3.h's dwq_put4: the depthwise kernels).  Per 16 values: convert,
+ * sign the addend, fma, round -- ~5 instructions where rq_f_double's clamped form takes ~12 with
+ * its store:
+ *   - no clamp in fp32: every lane's e >= 1 (rq_f8_ok), so S < 2^-e <= 1/2 and |y| < 2^30 converts
+ *     without overflow.  clamp(round(y)) equals rq_f_double's round(clamp(y)) (integer bounds), and
+ *     a lane far outside [lo, hi] (|y| > 2^9 + 1, beyond rq_f_double's error bound) stays beyond the
+ *     bound it is clamped to: its error is below 1/2 up to |x| = 2^20, and larger x are far outside.
+ *   - the distrust test on the four blocks at once: vrangeps (imm 0x0B: the larger magnitude, sign
+ *     cleared) folds |y - round(y)| of two blocks into one register, so one compare (and one branch)
+ *     serves 64 lanes, where four compares, four k-register ANDs and ORs did (the k-register ops run
+ *     on one port).  A distrusted group (an unclamped lane may now trip it: ~2^-10 a lane) takes the
+ *     integer form for its distrusted blocks, as before.
+ *   - the blocks leave through saturating packs: int32 -> int16 (monotone), + zp in int16 (|zp| <=
+ *     640 by rq_f_double_ch's bounds, so a saturated value stays beyond +-2^15 - 640), -> int8
+ *     (monotone), then the clamp to [qmin, qmax] on 64 bytes at once; one dword permute undoes the
+ *     packs' in-lane order: 16-byte lane b of the result is block b. */
+typedef struct {
+    __m512i z16, bmin, bmax, tr, sgn;
+    __m512 lim;
+} rq_f8_k;
+
+/* may a block with these channels (rq_f_double_ch's c, shifts s, lanes k) take the f8 form? */
+INL int rq_f8_ok(const rq_f_ch *c, __m512i s, __mmask16 k, int64_t qmin, int64_t qmax) {
+    return c->ok && _mm512_mask_cmplt_epi32_mask(k, s, _mm512_setzero_si512()) == k && qmin >= -128 && qmax <= 127;
+}
+
+INL rq_f8_k rq_f8_init(int64_t zp, int64_t qmin, int64_t qmax) {
+    rq_f8_k K;
+    K.z16 = _mm512_set1_epi16((short)zp);
+    K.bmin = _mm512_set1_epi8((char)qmin);
+    K.bmax = _mm512_set1_epi8((char)qmax);
+    K.tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    K.sgn = _mm512_set1_epi32(INT32_MIN);
+    K.lim = _mm512_set1_ps(0.5f - RQ_F_EPS);
+    return K;
+}
+
+/* one block: *r = round(y), y = fl(a) S + copysign(d, a) unclamped; returns y - round(y) (0 outside k) */
+INL __m512 rq_f8_block(__m512i a, const rq_f_ch *f, __mmask16 k, const rq_f8_k *K, __m512i *r) {
+    const __m512 af = _mm512_cvtepi32_ps(a);
+    /* (a & sign) | d: d with a's sign (rq_f_double) */
+    const __m512 t = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(af), K->sgn,
+                                                                   _mm512_castps_si512(f->d), 0xEA));
+    const __m512 y = _mm512_fmadd_ps(af, f->S, t);
+    *r = _mm512_cvt_roundps_epi32(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_maskz_reduce_ps(k, y, 8);   /* vreduceps imm 8: y - round(y), nearest, quiet */
+}
+
+/* is a lane of blocks 0 .. NU - 1 (3 or 4) within EPS of a half-integer? */
+INL int rq_f8_distrust(const __m512 fr[4], const int NU, const rq_f8_k *K) {
+    __m512 g = _mm512_range_ps(fr[0], fr[1], 0x0B);
+    g = NU == 3 ? _mm512_range_ps(g, fr[2], 0x0B) : _mm512_range_ps(g, _mm512_range_ps(fr[2], fr[3], 0x0B), 0x0B);
+    return _mm512_cmp_ps_mask(g, K->lim, _CMP_GT_OQ) != 0;
+}
+
+INL int rq_f8_distrust1(__m512 fr, const rq_f8_k *K) {
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(fr), K->lim, _CMP_GT_OQ) != 0;
+}
+
+/* four blocks' results (clamped or not: any int32) + zp, clamped to [qmin, qmax], as 64 int8 */
+INL __m512i rq_f8_pack4(const __m512i r[4], const rq_f8_k *K) {
+    const __m512i p01 = _mm512_adds_epi16(_mm512_packs_epi32(r[0], r[1]), K->z16);
+    const __m512i p23 = _mm512_adds_epi16(_mm512_packs_epi32(r[2], r[3]), K->z16);
+    const __m512i v8 = _mm512_max_epi8(_mm512_min_epi8(_mm512_packs_epi16(p01, p23), K->bmax), K->bmin);
+    return _mm512_permutexvar_epi32(K->tr, v8);
+}
+
+/* the n (1..4) 16-byte lanes of v to o, o + step, ...: four rows / pixels of one 16-channel block */
+INL void rq_f8_store4(__m512i v, int n, char *o, int64_t step, __mmask16 k) {
+    _mm_mask_storeu_epi8(o, k, _mm512_castsi512_si128(v));
+    if (n > 1) _mm_mask_storeu_epi8(o + step, k, _mm512_extracti32x4_epi32(v, 1));
+    if (n > 2) _mm_mask_storeu_epi8(o + 2 * step, k, _mm512_extracti32x4_epi32(v, 2));
+    if (n > 3) _mm_mask_storeu_epi8(o + 3 * step, k, _mm512_extracti32x4_epi32(v, 3));
+}
+
+/* rq_tile_v_double's f8 form for a 1..64-column chunk, NB = ceil(C / 16) blocks of 16 (a
+ * compile-time constant: rq_chunk_f8 instantiates 1..4).  One register holds four blocks: a row of
+ * 64 columns, or 2 rows of <= 32 / 4 rows of <= 16 (RPR rows a register: MobileNetV2's 16- and
+ * 32-channel layers pay the packing once per 64 values, not once a row).  Returns 0 (nothing
+ * written) where a block's channels do not allow it. */
+INL int rq_tile_f8(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
+                   const int cs, int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, int64_t so, const int NB) {
+    const int RPR = NB == 1 ? 4 : (NB == 2 ? 2 : 1);   /* rows a register */
     rq_f_ch f[4];
     __mmask16 k[4];
-    for (int b = 0; b < 4; b++) {
+    __m512i r[4], mv[4], sv[4];
+    __m512 fr[4];
+    for (int b = 0; b < NB; b++) {
         k[b] = rq_tail16(C - 16 * b);
-        f[b] = rq_f_double_ch(rq_v_chan(mult, cs, 16 * b, k[b]), rq_v_chan(shift, cs, 16 * b, k[b]), k[b], qmin - zp,
-                              qmax - zp);
-        if (!f[b].ok) return 0;
+        mv[b] = rq_v_chan(mult, cs, 16 * b, k[b]);
+        sv[b] = rq_v_chan(shift, cs, 16 * b, k[b]);
+        f[b] = rq_f_double_ch(mv[b], sv[b], k[b], qmin - zp, qmax - zp);
+        if (!rq_f8_ok(&f[b], sv[b], k[b], qmin, qmax)) return 0;
     }
-    const __m512i z16 = _mm512_set1_epi16((short)zp);
-    const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __mmask64 kst = C == 64 ? ~(__mmask64)0 : (((__mmask64)1 << C) - 1);
+    for (int b = NB; b < 4; b++) {   /* block b: row b / NB of the register, channels of block b % NB */
+        if (NB == 3) r[b] = _mm512_setzero_si512();
+        else f[b] = f[b % NB], k[b] = k[b % NB], mv[b] = mv[b % NB], sv[b] = sv[b % NB];
+    }
+    const int NU = NB == 3 ? 3 : 4;   /* blocks in use */
+    const rq_f8_k K = rq_f8_init(zp, qmin, qmax);
+    const int64_t w = 16 * (4 / RPR);   /* a row's bytes in the register */
+    const __mmask64 kst = C >= w ? ~(__mmask64)0 >> (64 - w) : (((__mmask64)1 << C) - 1);
+    const int flat = so == C && C == w;   /* the register's rows are adjacent in out: one store */
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
-    for (int64_t i = 0; i < rows; i++) {
-        const int32_t *a = acc + i * lda;
-        __m512i r[4];
-        __mmask16 bad = 0;
-        for (int b = 0; b < 4; b++)   /* k-register ORs, not moves to general registers */
-            bad = _kor_mask16(bad, _kand_mask16(
-                rq_f_double(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k[b], a + 16 * b)), &f[b], &r[b]), k[b]));
-        if (bad)   /* a distrusted lane: the integer form for the row */
-            for (int b = 0; b < 4; b++)
-                r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(k[b], a + 16 * b), rq_v_chan(mult, cs, 16 * b, k[b]),
-                                        rq_v_chan(shift, cs, 16 * b, k[b]), lo32, hi32);
-        const __m512i p01 = _mm512_adds_epi16(_mm512_packs_epi32(r[0], r[1]), z16);
-        const __m512i p23 = _mm512_adds_epi16(_mm512_packs_epi32(r[2], r[3]), z16);
-        const __m512i v = _mm512_permutexvar_epi32(tr, _mm512_packs_epi16(p01, p23));
-        if (C == 64) _mm512_storeu_si512((void *)(out + i * so), v);   /* the masked store costs more */
-        else _mm512_mask_storeu_epi8(out + i * so, kst, v);
+    for (int64_t i = 0; i < rows; i += RPR) {
+        const int nr = rows - i < RPR ? (int)(rows - i) : RPR;
+        __mmask16 kr[4];
+        for (int b = 0; b < NU; b++) {
+            kr[b] = b / NB < nr ? k[b] : 0;   /* a missing row's block: zeros, not loaded, not stored */
+            fr[b] = rq_f8_block(_mm512_maskz_loadu_epi32(kr[b], acc + (i + b / NB) * lda + 16 * (b % NB)), &f[b],
+                                kr[b], &K, &r[b]);
+        }
+        if (rq_f8_distrust(fr, NU, &K))   /* the integer form for the distrusted blocks */
+            for (int b = 0; b < NU; b++)
+                if (rq_f8_distrust1(fr[b], &K))
+                    r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(kr[b], acc + (i + b / NB) * lda + 16 * (b % NB)),
+                                            mv[b], sv[b], lo32, hi32);
+        const __m512i v = rq_f8_pack4(r, &K);
+        char *o = out + i * so;
+        if (RPR == 1) {
+            if (C >= 64) _mm512_storeu_si512((void *)o, v);   /* the masked store costs more */
+            else _mm512_mask_storeu_epi8(o, kst, v);
+        } else if (flat && nr == RPR) {
+            _mm512_storeu_si512((void *)o, v);
+        } else if (RPR == 2) {
+            _mm256_mask_storeu_epi8(o, (__mmask32)kst, _mm512_castsi512_si256(v));
+            if (nr > 1) _mm256_mask_storeu_epi8(o + so, (__mmask32)kst, _mm512_extracti64x4_epi64(v, 1));
+        } else {
+            rq_f8_store4(v, nr, o, so, (__mmask16)kst);
+        }
     }
     return 1;
 }
 
+INL int rq_chunk_f8(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
+                    const int cs, int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, int64_t so) {
+    switch ((C + 15) / 16) {
+    case 1: return rq_tile_f8(acc, lda, rows, mult, shift, cs, C, zp, qmin, qmax, out, so, 1);
+    case 2: return rq_tile_f8(acc, lda, rows, mult, shift, cs, C, zp, qmin, qmax, out, so, 2);
+    case 3: return rq_tile_f8(acc, lda, rows, mult, shift, cs, C, zp, qmin, qmax, out, so, 3);
+    default: return rq_tile_f8(acc, lda, rows, mult, shift, cs, C, zp, qmin, qmax, out, so, 4);
+    }
+}
+
+/* rows x C int32 accumulators (row stride lda) into output rows (row stride so), the double
+ * rounding (mode 0): rq_row_v's arithmetic with the per-channel part formed once per 16 columns for
+ * all the rows, not once per row (a pointwise conv's GEMM tile: ~1/3 of the requantization's work).
+ * Where FAST (no offset to add: the tile holds whole accumulators): int8 outputs through
+ * rq_chunk_f8 64 columns at a time, else (or where a chunk's channels do not allow that) 16 at a
+ * time through rq_f_double where the channels allow it, else the integer form. */
 INL void rq_tile_v_double(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
                           const int cs, const int64_t *off, int64_t C, int64_t zp, int64_t qmin, int64_t qmax,
                           char *out, int64_t so, const int out16, const int fast) {
-    if (fast && !off && !out16 && C > 48 && C <= 64 && rq_tile64_f(acc, lda, rows, mult, shift, cs, C, zp, qmin, qmax,
-                                                                     out, so))
-        return;
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
     const __m512i vzp = _mm512_set1_epi32((int32_t)zp);
     const int oe = out16 ? 2 : 1;
+    int64_t c1 = 0;   /* columns below c1 written 64 at a time */
     for (int64_t c = 0; c < C; c += 16) {
+        if (c >= c1 && fast && !off && !out16) {
+            const int64_t n = C - c < 64 ? C - c : 64;
+            if (rq_chunk_f8(acc + c, lda, rows, mult + c * cs, shift + c * cs, cs, n, zp, qmin, qmax, out + c, so)) {
+                c1 = c + n;
+                c += n - 16;
+                continue;
+            }
+            c1 = c + n;   /* not for these channels: 16 at a time below */
+        }
         const __mmask16 k = rq_tail16(C - c);
         const __m512i mv = rq_v_chan(mult, cs, c, k), sv = rq_v_chan(shift, cs, c, k);
         const rq_f_ch fc = rq_f_double_ch(mv, sv, k, qmin - zp, qmax - zp);

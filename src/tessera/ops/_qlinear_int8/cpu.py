@@ -58,20 +58,37 @@ def int_mm_forward(a, b):
     return _run(a, _INT_KIND[a.dtype], _INT_KIND[a.dtype], b, None, None, None, y, -1)
 
 
-def int_mm_requant(a, b, mult, shift, off, zp, qmin, qmax, rounding, out):
+def int_mm_requant(a, b, mult, shift, off, zp, qmin, qmax, rounding, out, packed=None):
     """out [M, N] (int8 / int16 row view) = requantize(a @ b.T + off) with tessera_requant.h's
     arithmetic (rounding 0 double, 1 single), a [M, K] int8 / int16 row view, b [N, K] int8
-    contiguous, mult / shift int32 [N] or [1], off int64 [N] or None (tsr_qi8_mm_rq)."""
+    contiguous, mult / shift int32 [N] or [1], off int64 [N] or None, packed: b's panels
+    (``pack_weight``) or None (tsr_qi8_mm_rq)."""
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
         return out
-    f = cpu.declare(_lib(), "tsr_qi8_mm_rq", "plillplpplplllipliii")
+    f = cpu.declare(_lib(), "tsr_qi8_mm_rq", "plillplpplplllipliiip")
     rc = f(cpu.ptr(a), a.stride(0), _INT_KIND[a.dtype], M, K, cpu.ptr(b), N, cpu.ptr(mult), cpu.ptr(shift),
            int(mult.numel() > 1), cpu.ptr(off), zp, qmin, qmax, rounding, cpu.ptr(out), out.stride(0),
-           int(out.dtype == torch.int16), _vnni_ok(), cpu.threads_for(max(M, 16) * N * K // 16))
+           int(out.dtype == torch.int16), _vnni_ok(), cpu.threads_for(max(M, 16) * N * K // 16),
+           None if packed is None else cpu.ptr(packed))
     cpu.check_rc(rc, "int8 matmul + requantize")
     return out
+
+
+def pack_bytes(N, K) -> int:
+    """Bytes of ``pack_weight``'s buffer for an [N, K] weight: 0 where this build or CPU has no
+    VNNI broadcast kernel (nothing to cache)."""
+    return int(cpu.declare(_lib(), "tsr_qi8_pack_bytes", "ll")(N, K))
+
+
+def pack_weight(w, dst):
+    """The broadcast GEMM's panels and column sums of w [N, K] (int8, contiguous) into dst (int8,
+    ``pack_bytes(N, K)`` elements, 64-byte aligned): what ``int_mm_requant(..., packed=dst)`` reads
+    instead of packing w on every call.  The caller rebuilds it when w changes."""
+    rc = cpu.declare(_lib(), "tsr_qi8_pack", "plpp")(cpu.ptr(w), w.shape[0], w.shape[1], cpu.ptr(dst))
+    cpu.check_rc(rc, "int8 weight packing")
+    return dst
 
 
 def linear_forward(x, weight, sw, bias, activation, bits):

@@ -35,10 +35,11 @@
  * (dynamically), each 4-row block is read from DRAM once and reused for every activation
  * block from L1; the first activation block prefetches (into L2) the weight block after next,
  * which lifted one core's weight stream from ~14 to ~19 GB/s here (DRAM-sized weights).
- * Column sums are computed per call, never cached: in the GEMV they cost one VPDPBUSD per
- * 64 weight bytes on data already in registers (no extra memory traffic), in the GEMM one
- * L2-resident pass per panel (~1/M of the panel's VPDPBUSD work); a per-weight cache would
- * need the weight's identity/version tracked across calls for no measurable gain.  M > 16
+ * Column sums are computed per call: in the GEMV they cost one VPDPBUSD per 64 weight bytes on
+ * data already in registers (no extra memory traffic), in the GEMM one L2-resident pass per panel
+ * (~1/M of the panel's VPDPBUSD work).  The one exception: tsr_qi8_mm_rq (a conv layer's weight,
+ * call after call) takes the broadcast kernel's panels and sums packed once (tsr_qi8_pack), the
+ * caller tracking the weight's identity and version.  M > 16
  * (GEMM): threads take 64-row weight panels (K x 64 bytes, L2-resident) and sweep all
  * activation blocks over the panel, so the weight is read from DRAM once and the activations
  * once per panel (from L3).  Where the CPU has AMX-INT8 and the OS grants the tile state, the
@@ -83,6 +84,7 @@ typedef struct {
     int arm;                             /* AArch64 int8: TSR_DOT_SDOT / TSR_DOT_SMMLA kernels, 0: portable */
     int amx;                             /* x86 int8 broadcast GEMM on AMX tiles (qi8_amx.h) */
     const struct rq_s *rq;               /* tsr_qi8_mm_rq: requantized int8 / int16 output, else NULL */
+    const int8_t *packed;                /* w's VNNI panels and 128 x column sums (tsr_qi8_pack), or NULL */
 } job_t;
 
 /* tsr_qi8_mm_rq's requantization (tessera_requant.h): out[m, n] = clamp(MBQM(acc + off[n],
@@ -493,7 +495,10 @@ VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32
 _Pragma("omp for schedule(static)")
     for (int64_t p = 0; p < np; p++) {
         if (failed) continue;
-        qo_pack_panel(J->w, J->N, J->K, k4n, p * 64, P + p * k4n * 256, CS + p * 64);
+        if (J->packed)   /* P is the cache; its sums copied, as the fold below changes them per call */
+            memcpy(CS + p * 64, J->packed + np * k4n * 256 + p * 64 * 4, 64 * 4);
+        else
+            qo_pack_panel(J->w, J->N, J->K, k4n, p * 64, P + p * k4n * 256, CS + p * 64);
         if (J->rq && J->rq->fold)   /* acc + off = acc - (-off): one int32 correction (rq_t.fold) */
             for (int64_t j = 0; j < 64 && p * 64 + j < J->N; j++)
                 CS[p * 64 + j] = (int32_t)((uint32_t)CS[p * 64 + j] - (uint32_t)(int32_t)J->rq->off[p * 64 + j]);
@@ -599,7 +604,7 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
                const float *wscale, const float *bias, int act, void *y, int ydtype, int vnni_ok, int nthreads) {
     if (M == 0 || N == 0) return TSR_OK;
     job_t J = {(const char *)x, sx, xkind, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
-               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL, 0, 0, NULL};
+               w, wscale, bias, act, (char *)y, ydtype, NULL, NULL, 0, 0, NULL, NULL};
     return qi8_run(J, vnni_ok, nthreads);
 }
 
@@ -609,7 +614,8 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
  * int32 / int64 accumulators to a scratch buffer first. */
 int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
                   const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off, int64_t zp, int64_t qmin,
-                  int64_t qmax, int rounding, void *out, int64_t so, int out16, int vnni_ok, int nthreads) {
+                  int64_t qmax, int rounding, void *out, int64_t so, int out16, int vnni_ok, int nthreads,
+                  const int8_t *packed) {
     if (M == 0 || N == 0) return TSR_OK;
     /* |sum q w| <= K 2^14: with |off| below INT32_MAX - K 2^14 no int32 sum can overflow, so the
      * saturating int64 add of the contract equals the broadcast kernel's wrapping one */
@@ -629,7 +635,8 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
     }
 #endif
     job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
-               w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R};
+               w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R,
+               bits == 8 && packed && !((uintptr_t)packed & 63) ? packed : NULL};
     int amx, rc;
     if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J)) {
         rc = qi8_run(J, vnni_ok, nthreads);
@@ -677,7 +684,9 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int64_t tile_rows = MB;
 #endif
     const int64_t k4n = QO_GROUPS(&J), np = (N + 63) / 64;
-    int8_t *P = outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
+    if (!outer || J.amx) J.packed = NULL;   /* the cache holds the VNNI layout (k4n = ceil(K / 4)) */
+    int8_t *P = outer && J.packed ? (int8_t *)J.packed
+              : outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
               : outer16 ? (int8_t *)aligned_alloc(64, (size_t)(np * ((K + 1) / 2) * 256)) : NULL;
     int32_t *CS = outer ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
     if ((outer && (!P || !CS)) || (outer16 && !P)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }
@@ -732,6 +741,37 @@ _Pragma("omp for schedule(dynamic, 1)")
         }
         free(buf); free(fbuf); free(tile); free(blk16);
     });
-    free(J.q); free(J.xs); free(P); free(CS);
+    free(J.q); free(J.xs); free(CS);
+    if (!J.packed) free(P);
     return failed ? TSR_ENOMEM : TSR_OK;
+}
+
+/* The broadcast GEMM's weight panels, packed once by the caller for a weight used call after call
+ * (a conv layer's): tsr_qi8_pack_bytes(N, K) bytes (0 where this build or CPU has no VNNI kernel,
+ * or past 2 GiB: nothing to cache), the np = ceil(N / 64) panels of ceil(K / 4) 4-byte groups (qo_pack_panel),
+ * then np x 64 int32 column sums (x 128).  tsr_qi8_mm_rq reads them in place of packing per call
+ * (~3 us of a 45 us MobileNetV2 pointwise layer, more at larger K x N); the caller keeps the buffer
+ * 64-byte aligned and rebuilds it when the weight changes (ops/_requant/cpu.py: per_tensor). */
+int tsr_qi8_pack_bytes(int64_t N, int64_t K) {
+#if QI8_VNNI
+    if (!tsr_qi8_has_vnni() || N <= 0 || K <= 0) return 0;
+    const int64_t np = (N + 63) / 64, n = np * ((K + 3) / 4) * 256 + np * 64 * 4;
+    return n <= INT32_MAX ? (int)n : 0;   /* beyond 2 GiB: packed per call */
+#else
+    (void)N; (void)K;
+    return 0;
+#endif
+}
+
+int tsr_qi8_pack(const int8_t *w, int64_t N, int64_t K, int8_t *buf) {
+#if QI8_VNNI
+    if (!tsr_qi8_pack_bytes(N, K) || ((uintptr_t)buf & 63)) return TSR_EINVAL;
+    const int64_t np = (N + 63) / 64, k4n = (K + 3) / 4;
+    for (int64_t p = 0; p < np; p++)
+        qo_pack_panel(w, N, K, k4n, p * 64, buf + p * k4n * 256, (int32_t *)(buf + np * k4n * 256) + p * 64);
+    return TSR_OK;
+#else
+    (void)w; (void)N; (void)K; (void)buf;
+    return TSR_EINVAL;
+#endif
 }

@@ -17,7 +17,7 @@ import torch
 from ... import _fastpath
 from ..._library import contiguous, new_output, per_tensor
 from ...backends import cpu
-from .._qlinear_int8.cpu import int_mm_requant
+from .._qlinear_int8.cpu import int_mm_requant, pack_bytes, pack_weight
 from .ref import DTYPES, SHIFT_RANGE  # noqa: F401  (DTYPES: the backend module's)
 
 _SRC = Path(__file__).with_name("requant.c")
@@ -54,7 +54,15 @@ def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_po
         return out
     wsum = per_tensor(weight, "rowsum", lambda: weight.sum(1, dtype=torch.int64))
     off = _offset_for(weight, "rowsum", wsum, bias, x_zero_point)
-    return int_mm_requant(x, weight, multiplier, shift, off, out_zero_point, qmin, qmax, ROUNDING[rounding], out)
+    packed = per_tensor(weight, "packed", lambda: _packed(weight)) if M > 16 else None   # the GEMV packs nothing
+    return int_mm_requant(x, weight, multiplier, shift, off, out_zero_point, qmin, qmax, ROUNDING[rounding], out,
+                          packed)
+
+
+def _packed(weight):
+    """weight's packed panels (_gemm_weight) or None"""
+    nb = pack_bytes(*weight.shape)
+    return pack_weight(weight, torch.empty(nb, dtype=torch.int8)) if nb else None
 
 
 def im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, pad_value, groups=1, order=0):
@@ -103,11 +111,18 @@ def rows_to_nchw(rows, Nb, Ho, Wo):
 
 
 def _gemm_weight(weight, order):
-    """(w2 [O, K] in the im2col column order, its int64 row sums): derived once per weight tensor
-    (per_tensor) -- the permute of a 512x512x3x3 weight cost 1.2 ms, more than its GEMM."""
+    """(w2 [O, K] in the im2col column order, its int64 row sums, buf, packed), derived once per
+    weight tensor (per_tensor) -- the permute of a 512x512x3x3 weight cost 1.2 ms, more than its
+    GEMM.  buf (int8, 1-D) holds w2 and, 64-byte aligned after it, the VNNI GEMM's packed panels
+    (``packed``, a view; None where this CPU has no VNNI kernel): packing them on every call was
+    ~3 us of a 45 us MobileNetV2 pointwise layer.  buf is what the C++ twin holds (_learn)."""
     O = weight.shape[0]
-    w2 = (contiguous(weight.permute(0, 2, 3, 1)) if order else weight).reshape(O, -1)
-    return w2, w2.sum(1, dtype=torch.int64)
+    src = (weight.permute(0, 2, 3, 1) if order else weight).reshape(O, -1)
+    K = src.shape[1]
+    head, nb = (O * K + 63) // 64 * 64, pack_bytes(O, K)
+    buf = torch.empty(head + nb, dtype=torch.int8)
+    w2 = buf[:O * K].view(O, K).copy_(src)
+    return w2, w2.sum(1, dtype=torch.int64), buf, pack_weight(w2, buf[head:]) if nb else None
 
 
 def _offset(wsum, bias, x_zero_point):
@@ -174,11 +189,11 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
         cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
     else:
         cols = xr.view(Nb * Ho * Wo, -1)   # a pointwise conv of channels-last x: its rows already are the columns
-    w2, wsum = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
+    w2, wsum, wbuf, packed = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
     off = _offset_for(weight, ("conv2d_int8", order), wsum, bias, x_zero_point)
     r = ROUNDING[rounding]
     if groups == 1:   # no per-group views (five of them were ~6 us a call)
-        int_mm_requant(cols, w2, multiplier, shift, off, out_zero_point, qmin, qmax, r, out)
+        int_mm_requant(cols, w2, multiplier, shift, off, out_zero_point, qmin, qmax, r, out, packed)
     else:
         Og, Kg = O // groups, Cg * kh * kw
         per_ch = multiplier.numel() > 1
@@ -187,7 +202,7 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
             int_mm_requant(cols[:, g * Kg:(g + 1) * Kg], w2[o0:o1], multiplier[o0:o1] if per_ch else multiplier,
                            shift[o0:o1] if per_ch else shift, off[o0:o1], out_zero_point, qmin, qmax, r,
                            out[:, o0:o1])
-    _learn(args, GEMM, (sub, pre, gather, order, Ho, Wo), (w2, off))
+    _learn(args, GEMM, (sub, pre, gather, order, Ho, Wo), (wbuf, off))
     return out
 
 
@@ -200,9 +215,9 @@ def _learn(args, route, flags, held):
     (~60 us of Python glue a call otherwise: most of a batch-1 MobileNetV2 layer).  route: GEMM,
     DEPTHWISE_K3 or DEPTHWISE; flags: (x subsampled (strided 1x1), x made channels-last when it
     was not, im2col (else x's rows are the GEMM's columns), im2col's column order, Ho, Wo);
-    held: the two tensors derived from the weight (and bias, x_zp) that the kernel reads -- (w2,
-    off), (wf, init) or (wt, off): the twin keeps weak references, so a rebuilt derivation is a
-    miss.  Also the stamps of the weight and the bias (per_tensor's), the shift range the Python
+    held: the two tensors derived from the weight (and bias, x_zp) that the kernel reads -- (wbuf,
+    off) (_gemm_weight: w2 and its packed panels), (wf, init) or (wt, off): the twin keeps weak
+    references, so a rebuilt derivation is a miss.  Also the stamps of the weight and the bias (per_tensor's), the shift range the Python
     check applies (the twin checks the shift values of every call against it).  Not while a test
     places or poisons buffers (_fastpath.learner), nor for inference-mode weights (no version
     counter to stamp)."""

@@ -32,8 +32,8 @@ typedef struct {
 
 /* one channel block's requantization: the per-channel parts formed once, then dwq_put per pixel */
 typedef struct {
-    rq_v_dch ch; rq_f_ch fc; __m512i m, s, lo32, hi32, lo64, hi64, ozp;
-    int f32, mode, out16; __mmask16 kb;
+    rq_v_dch ch; rq_f_ch fc; rq_f8_k K; __m512i m, s, lo32, hi32, lo64, hi64, ozp;
+    int f32, f8, mode, out16; __mmask16 kb;   /* f8: dwq_put4 (tessera_requant.h rq_f8_*) allowed */
 } dwq_rq;
 
 INL dwq_rq dwq_rq_init(const dwq_args *a, int64_t c0, __mmask16 kb) {
@@ -45,6 +45,8 @@ INL dwq_rq dwq_rq_init(const dwq_args *a, int64_t c0, __mmask16 kb) {
      * its per-channel part is then formed there, not here: ~25 instructions a block a row) */
     R.fc = rq_f_double_ch(R.m, R.s, kb, a->qmin - a->ozp, a->qmax - a->ozp);
     R.f32 = a->f32 && a->mode == 0 && !a->out16 && R.fc.ok;
+    R.f8 = R.f32 && rq_f8_ok(&R.fc, R.s, kb, a->qmin, a->qmax);
+    R.K = rq_f8_init(a->ozp, a->qmin, a->qmax);
     if (!R.f32 && a->mode == 0) R.ch = rq_v_double_ch(R.m, R.s);
     R.lo32 = _mm512_set1_epi32((int32_t)(a->qmin - a->ozp));
     R.hi32 = _mm512_set1_epi32((int32_t)(a->qmax - a->ozp));
@@ -68,6 +70,19 @@ INL void dwq_put(const dwq_rq *R, __m512 accf, __m512i acc32, char *o) {
         q = rq_v_single(acc32, R->m, R->s, R->lo64, R->hi64);
     }
     rq_v_store(o, R->out16, _mm512_add_epi32(q, R->ozp), R->kb);
+}
+
+/* requantize n (1..4) pixels' sums of one 16-channel block (acc[0 .. n - 1], int32, exact) into o,
+ * o + step, ...: the four-block fp32 form (rq_f8_*: ~10 instructions per 16 values where dwq_put
+ * takes ~15); R->f8 */
+INL void dwq_put4(const dwq_rq *R, const __m512i *acc, int n, char *o, int64_t step) {
+    __m512i r[4];
+    __m512 fr[4];
+    for (int b = 0; b < 4; b++) fr[b] = rq_f8_block(acc[b], &R->fc, b < n ? R->kb : 0, &R->K, &r[b]);
+    if (rq_f8_distrust(fr, 4, &R->K))   /* the integer form for the distrusted pixels */
+        for (int b = 0; b < n; b++)
+            if (rq_f8_distrust1(fr[b], &R->K)) r[b] = rq_v_double_lazy(acc[b], R->m, R->s, R->lo32, R->hi32);
+    rq_f8_store4(rq_f8_pack4(r, &R->K), n, o, step, R->kb);
 }
 
 /* one output row (n, oy), every channel block and tile; S = horizontal stride (1 or 2) */
@@ -129,7 +144,7 @@ static __attribute__((noinline)) void dwq_row_s2(const dwq_args *a, int64_t r) {
  * the fp32 kernel's (|sum| < 2^24, the launcher's check); padding reads x_zp + 128, cancelled as
  * there.  Needs AVX512-VNNI (VPDPBUSD) and VBMI (VPERMT2B, the interleave): tsr_dw_requant_k3
  * checks the CPU, and TESSERA_DW_VNNI=0 keeps the fp32 kernel (tests compare the two). */
-#define DWV_P 8
+#define DWV_P 8   /* a multiple of 4 (dwq_put4) */
 #define DWV_TARGET __attribute__((target("avx512vnni,avx512vbmi")))
 
 typedef struct {
@@ -208,6 +223,14 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const 
                     ua[p] = _mm512_dpbusd_epi32(ua[p], q, k == 0 ? wa0 : (k == 1 ? wa1 : wa2));
                     if (S == 1) ub[p] = _mm512_dpbusd_epi32(ub[p], q, k == 0 ? wb0 : (k == 1 ? wb1 : wb2));
                 }
+            }
+            if (R.f8) {   /* four pixels a register (DWV_P = 8: every ua[p .. p + 3] exists) */
+                for (int64_t p = 0; p < np; p += 4) {
+                    const int n4 = np - p < 4 ? (int)(np - p) : 4;
+                    dwq_put4(&R, ua + p, n4, o0 + (ox0 + p) * a->so * oe, a->so * oe);
+                    if (two) dwq_put4(&R, ub + p, n4, o1 + (ox0 + p) * a->so * oe, a->so * oe);
+                }
+                continue;
             }
             for (int64_t p = 0; p < np; p++) {
                 dwq_put(&R, _mm512_cvtepi32_ps(ua[p]), ua[p], o0 + (ox0 + p) * a->so * oe);

@@ -160,10 +160,61 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
          * bytes a call: 2.9 ms of ResNet-18's 7x7 stem im2col).  Image rows outer, pixels inner
          * (no divisions per pixel); runs of up to 64 bytes as one masked load / store, not a
          * memcpy call (MobileNetV2's stem: 9-byte runs, 3 a pixel) */
+#ifdef TSR_AVX512
+        /* interior pixels (every tap column inside the image): ix0 >= 0 and ix0 + kw <= W */
+        int64_t oxL = (pd_w + st_w - 1) / st_w, oxR = W - kw + pd_w < 0 ? 0 : (W - kw + pd_w) / st_w + 1;
+        oxL = oxL < Wo ? oxL : Wo;
+        oxR = oxR < oxL ? oxL : (oxR < Wo ? oxR : Wo);
+        const int64_t rb = Kc * es, run = kw * C * es;   /* a column row's and a tap row's bytes */
+#endif
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
         for (int64_t ry = 0; ry < Nb * Ho; ry++) {
             const int64_t n = ry / Ho, oy = ry % Ho;
+#ifdef TSR_AVX512
+            if (rb <= 64 && oxR > oxL) {
+                /* the interior's column rows from constant masks: tap row ky is the run at byte
+                 * ky * run of the column row, loaded from `run` bytes before its pixels (bytes
+                 * outside the mask suppressed); two pixels a register where two rows fit (their
+                 * column rows are adjacent): 2 x 27 bytes a store for MobileNetV2's stem */
+                const char *src[64];
+                __mmask64 km[64], km2[64];   /* km2: the second pixel's */
+                for (int64_t ky = 0; ky < kh; ky++) {
+                    const int64_t iy = oy * st_h - pd_h + ky * dl_h;
+                    src[ky] = iy < 0 || iy >= H ? NULL : xb + (n * sn + iy * sh - pd_w * sw) * es - ky * run;
+                    km[ky] = (run == 64 ? ~(__mmask64)0 : (((__mmask64)1 << run) - 1)) << (ky * run);
+                    km2[ky] = 2 * rb <= 64 ? km[ky] << rb : 0;
+                }
+                const __m512i pad = es == 1 ? _mm512_set1_epi8((char)pad_value) : _mm512_set1_epi16((short)pad_value);
+                const int64_t step = st_w * C * es;   /* source bytes from one pixel to the next */
+                int64_t ox = oxL;
+                if (2 * rb <= 64) {
+                    const __mmask64 ks = (2 * rb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << (2 * rb)) - 1));
+                    for (; ox + 1 < oxR; ox += 2) {
+                        __m512i v = pad;
+                        for (int64_t ky = 0; ky < kh; ky++) {
+                            if (!src[ky]) continue;
+                            v = _mm512_mask_loadu_epi8(v, km[ky], src[ky] + ox * step);
+                            v = _mm512_mask_loadu_epi8(v, km2[ky], src[ky] + (ox + 1) * step - rb);
+                        }
+                        _mm512_mask_storeu_epi8((char *)cols + (ry * Wo + ox) * rb, ks, v);
+                    }
+                }
+                const __mmask64 k1s = rb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << rb) - 1);
+                for (; ox < oxR; ox++) {
+                    __m512i v = pad;
+                    for (int64_t ky = 0; ky < kh; ky++)
+                        if (src[ky]) v = _mm512_mask_loadu_epi8(v, km[ky], src[ky] + ox * step);
+                    _mm512_mask_storeu_epi8((char *)cols + (ry * Wo + ox) * rb, k1s, v);
+                }
+            }
+#endif
             for (int64_t ox = 0; ox < Wo; ox++) {
+#ifdef TSR_AVX512
+                if (rb <= 64 && ox == oxL && oxR > oxL) {   /* done above */
+                    ox = oxR - 1;
+                    continue;
+                }
+#endif
                 char *row = (char *)cols + (ry * Wo + ox) * Kc * es;
                 const int64_t ix0 = ox * st_w - pd_w;
                 const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < kw ? (W - ix0 > k0 ? W - ix0 : k0) : kw;
