@@ -360,11 +360,13 @@ def test_fused_gemm_requantize_offset_fold(M, K):
             assert torch.equal(got, tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="reference"))
 
 
-@pytest.mark.parametrize("M,K,N", [(40, 32, 192), (100, 27, 16), (17, 300, 70)])
+@pytest.mark.parametrize("M,K,N", [(40, 32, 192), (100, 27, 16), (17, 300, 70), (64, 200, 70)])
 def test_packed_weight_cache(M, K, N):
-    """linear_int8_requant / conv2d_int8 read the VNNI GEMM's weight panels packed once per weight
-    tensor (tsr_qi8_pack, _library.per_tensor); an update in place, and another weight tensor,
-    must rebuild them: every call against the reference."""
+    """linear_int8_requant / conv2d_int8 read the broadcast GEMM's weight panels packed once per
+    weight tensor (tsr_qi8_pack, _library.per_tensor; K rounded up to 64 with zero groups: the
+    VNNI kernel reads ceil(K / 4) groups at that panel stride, the AMX tiles all of them -- M = 64,
+    K = 200 runs on AMX where the CPU has it); an update in place, and another weight tensor, must
+    rebuild them: every call against the reference."""
     gen = torch.Generator().manual_seed(M + K + N)
     x = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
     w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)

@@ -492,11 +492,13 @@ static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
 VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32_t *tile, float *fbuf,
                                    const int failed) {
     const int64_t k4n = QO_GROUPS(J), np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
+    /* panel stride in groups: the cache's Kp / 4 (tsr_qi8_pack: both kernels' layout), else k4n */
+    const int64_t kst = J->packed ? ((J->K + 63) & ~(int64_t)63) / 4 : k4n;
 _Pragma("omp for schedule(static)")
     for (int64_t p = 0; p < np; p++) {
         if (failed) continue;
         if (J->packed)   /* P is the cache; its sums copied, as the fold below changes them per call */
-            memcpy(CS + p * 64, J->packed + np * k4n * 256 + p * 64 * 4, 64 * 4);
+            memcpy(CS + p * 64, J->packed + np * kst * 256 + p * 64 * 4, 64 * 4);
         else
             qo_pack_panel(J->w, J->N, J->K, k4n, p * 64, P + p * k4n * 256, CS + p * 64);
         if (J->rq && J->rq->fold)   /* acc + off = acc - (-off): one int32 correction (rq_t.fold) */
@@ -517,16 +519,16 @@ _Pragma("omp for schedule(dynamic, 1)")
         const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
         int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
         if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
-            QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+            QO_ROWS(A, J->Kp, rows, P + p * kst * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
             rq_tile(J->rq, tile, rows, m0, n0, cols);
             continue;
         }
         if (J->ydtype < 0) {
-            QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, (int32_t *)J->y + m0 * J->N + n0, J->N,
+            QO_ROWS(A, J->Kp, rows, P + p * kst * 256, k4n, CS + p * 64, (int32_t *)J->y + m0 * J->N + n0, J->N,
                     cols, tmp);
             continue;
         }
-        QO_ROWS(A, J->Kp, rows, P + p * k4n * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+        QO_ROWS(A, J->Kp, rows, P + p * kst * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
         for (int64_t i = 0; i < rows; i++) {
             int64_t r[64];
             for (int64_t j = 0; j < cols; j++) r[j] = tile[i * 64 + j];
@@ -684,7 +686,7 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int64_t tile_rows = MB;
 #endif
     const int64_t k4n = QO_GROUPS(&J), np = (N + 63) / 64;
-    if (!outer || J.amx) J.packed = NULL;   /* the cache holds the VNNI layout (k4n = ceil(K / 4)) */
+    if (!outer) J.packed = NULL;
     int8_t *P = outer && J.packed ? (int8_t *)J.packed
               : outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
               : outer16 ? (int8_t *)aligned_alloc(64, (size_t)(np * ((K + 1) / 2) * 256)) : NULL;
@@ -748,14 +750,15 @@ _Pragma("omp for schedule(dynamic, 1)")
 
 /* The broadcast GEMM's weight panels, packed once by the caller for a weight used call after call
  * (a conv layer's): tsr_qi8_pack_bytes(N, K) bytes (0 where this build or CPU has no VNNI kernel,
- * or past 2 GiB: nothing to cache), the np = ceil(N / 64) panels of ceil(K / 4) 4-byte groups (qo_pack_panel),
+ * or past 2 GiB: nothing to cache), the np = ceil(N / 64) panels of Kp / 4 4-byte groups (qo_pack_panel;
+ * zero past K: the AMX tiles read all Kp / 4, the VNNI kernel the first ceil(K / 4) at that stride),
  * then np x 64 int32 column sums (x 128).  tsr_qi8_mm_rq reads them in place of packing per call
  * (~3 us of a 45 us MobileNetV2 pointwise layer, more at larger K x N); the caller keeps the buffer
  * 64-byte aligned and rebuilds it when the weight changes (ops/_requant/cpu.py: per_tensor). */
 int tsr_qi8_pack_bytes(int64_t N, int64_t K) {
 #if QI8_VNNI
     if (!tsr_qi8_has_vnni() || N <= 0 || K <= 0) return 0;
-    const int64_t np = (N + 63) / 64, n = np * ((K + 3) / 4) * 256 + np * 64 * 4;
+    const int64_t np = (N + 63) / 64, n = np * (((K + 63) & ~(int64_t)63) / 4) * 256 + np * 64 * 4;
     return n <= INT32_MAX ? (int)n : 0;   /* beyond 2 GiB: packed per call */
 #else
     (void)N; (void)K;
@@ -766,9 +769,9 @@ int tsr_qi8_pack_bytes(int64_t N, int64_t K) {
 int tsr_qi8_pack(const int8_t *w, int64_t N, int64_t K, int8_t *buf) {
 #if QI8_VNNI
     if (!tsr_qi8_pack_bytes(N, K) || ((uintptr_t)buf & 63)) return TSR_EINVAL;
-    const int64_t np = (N + 63) / 64, k4n = (K + 3) / 4;
+    const int64_t np = (N + 63) / 64, kp4 = ((K + 63) & ~(int64_t)63) / 4;   /* zero groups past K */
     for (int64_t p = 0; p < np; p++)
-        qo_pack_panel(w, N, K, k4n, p * 64, buf + p * k4n * 256, (int32_t *)(buf + np * k4n * 256) + p * 64);
+        qo_pack_panel(w, N, K, kp4, p * 64, buf + p * kp4 * 256, (int32_t *)(buf + np * kp4 * 256) + p * 64);
     return TSR_OK;
 #else
     (void)w; (void)N; (void)K; (void)buf;
