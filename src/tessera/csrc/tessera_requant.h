@@ -464,6 +464,38 @@ INL void rq_f8_store4(__m512i v, int n, char *o, int64_t step, __mmask16 k) {
     if (n > 3) _mm_mask_storeu_epi8(o + 3 * step, k, _mm512_extracti32x4_epi32(v, 3));
 }
 
+/* rq_tile_f8's register: nr (1..RPR) rows of the tile from acc (row stride lda) into o (row stride so) */
+INL void rq_f8_rows(const int32_t *acc, int64_t lda, const int nr, const int NB, const rq_f_ch *f, const __mmask16 *k,
+                    const __m512i *mv, const __m512i *sv, const rq_f8_k *K, __m512i lo32, __m512i hi32, char *o,
+                    int64_t so, __mmask64 kst, int flat, int64_t C) {
+    const int RPR = NB == 1 ? 4 : (NB == 2 ? 2 : 1), NU = NB == 3 ? 3 : 4;
+    __m512i r[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 fr[4];
+    __mmask16 kr[4];
+    for (int b = 0; b < NU; b++) {
+        kr[b] = b / NB < nr ? k[b] : 0;   /* a missing row's block: zeros, not loaded, not stored */
+        fr[b] = rq_f8_block(_mm512_maskz_loadu_epi32(kr[b], acc + (b / NB) * lda + 16 * (b % NB)), &f[b], kr[b], K,
+                            &r[b]);
+    }
+    if (rq_f8_distrust(fr, NU, K))   /* the integer form for the distrusted blocks */
+        for (int b = 0; b < NU; b++)
+            if (rq_f8_distrust1(fr[b], K))
+                r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(kr[b], acc + (b / NB) * lda + 16 * (b % NB)), mv[b],
+                                        sv[b], lo32, hi32);
+    const __m512i v = rq_f8_pack4(r, K);
+    if (RPR == 1) {
+        if (C >= 64) _mm512_storeu_si512((void *)o, v);   /* the masked store costs more */
+        else _mm512_mask_storeu_epi8(o, kst, v);
+    } else if (flat && nr == RPR) {
+        _mm512_storeu_si512((void *)o, v);
+    } else if (RPR == 2) {
+        _mm256_mask_storeu_epi8(o, (__mmask32)kst, _mm512_castsi512_si256(v));
+        if (nr > 1) _mm256_mask_storeu_epi8(o + so, (__mmask32)kst, _mm512_extracti64x4_epi64(v, 1));
+    } else {
+        rq_f8_store4(v, nr, o, so, (__mmask16)kst);
+    }
+}
+
 /* rq_tile_v_double's f8 form for a 1..64-column chunk, NB = ceil(C / 16) blocks of 16 (a
  * compile-time constant: rq_chunk_f8 instantiates 1..4).  One register holds four blocks: a row of
  * 64 columns, or 2 rows of <= 32 / 4 rows of <= 16 (RPR rows a register: MobileNetV2's 16- and
@@ -474,8 +506,7 @@ INL int rq_tile_f8(const int32_t *acc, int64_t lda, int64_t rows, const int32_t 
     const int RPR = NB == 1 ? 4 : (NB == 2 ? 2 : 1);   /* rows a register */
     rq_f_ch f[4];
     __mmask16 k[4];
-    __m512i r[4], mv[4], sv[4];
-    __m512 fr[4];
+    __m512i mv[4], sv[4];
     for (int b = 0; b < NB; b++) {
         k[b] = rq_tail16(C - 16 * b);
         mv[b] = rq_v_chan(mult, cs, 16 * b, k[b]);
@@ -483,43 +514,18 @@ INL int rq_tile_f8(const int32_t *acc, int64_t lda, int64_t rows, const int32_t 
         f[b] = rq_f_double_ch(mv[b], sv[b], k[b], qmin - zp, qmax - zp);
         if (!rq_f8_ok(&f[b], sv[b], k[b], qmin, qmax)) return 0;
     }
-    for (int b = NB; b < 4; b++) {   /* block b: row b / NB of the register, channels of block b % NB */
-        if (NB == 3) r[b] = _mm512_setzero_si512();
-        else f[b] = f[b % NB], k[b] = k[b % NB], mv[b] = mv[b % NB], sv[b] = sv[b % NB];
-    }
-    const int NU = NB == 3 ? 3 : 4;   /* blocks in use */
+    for (int b = NB; b < 4 && NB != 3; b++)   /* block b: row b / NB of the register, channels of block b % NB */
+        f[b] = f[b % NB], k[b] = k[b % NB], mv[b] = mv[b % NB], sv[b] = sv[b % NB];
     const rq_f8_k K = rq_f8_init(zp, qmin, qmax);
     const int64_t w = 16 * (4 / RPR);   /* a row's bytes in the register */
     const __mmask64 kst = C >= w ? ~(__mmask64)0 >> (64 - w) : (((__mmask64)1 << C) - 1);
     const int flat = so == C && C == w;   /* the register's rows are adjacent in out: one store */
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
-    for (int64_t i = 0; i < rows; i += RPR) {
-        const int nr = rows - i < RPR ? (int)(rows - i) : RPR;
-        __mmask16 kr[4];
-        for (int b = 0; b < NU; b++) {
-            kr[b] = b / NB < nr ? k[b] : 0;   /* a missing row's block: zeros, not loaded, not stored */
-            fr[b] = rq_f8_block(_mm512_maskz_loadu_epi32(kr[b], acc + (i + b / NB) * lda + 16 * (b % NB)), &f[b],
-                                kr[b], &K, &r[b]);
-        }
-        if (rq_f8_distrust(fr, NU, &K))   /* the integer form for the distrusted blocks */
-            for (int b = 0; b < NU; b++)
-                if (rq_f8_distrust1(fr[b], &K))
-                    r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(kr[b], acc + (i + b / NB) * lda + 16 * (b % NB)),
-                                            mv[b], sv[b], lo32, hi32);
-        const __m512i v = rq_f8_pack4(r, &K);
-        char *o = out + i * so;
-        if (RPR == 1) {
-            if (C >= 64) _mm512_storeu_si512((void *)o, v);   /* the masked store costs more */
-            else _mm512_mask_storeu_epi8(o, kst, v);
-        } else if (flat && nr == RPR) {
-            _mm512_storeu_si512((void *)o, v);
-        } else if (RPR == 2) {
-            _mm256_mask_storeu_epi8(o, (__mmask32)kst, _mm512_castsi512_si256(v));
-            if (nr > 1) _mm256_mask_storeu_epi8(o + so, (__mmask32)kst, _mm512_extracti64x4_epi64(v, 1));
-        } else {
-            rq_f8_store4(v, nr, o, so, (__mmask16)kst);
-        }
-    }
+    int64_t i = 0;
+    for (; i + RPR <= rows; i += RPR)   /* full registers: constant masks */
+        rq_f8_rows(acc + i * lda, lda, RPR, NB, f, k, mv, sv, &K, lo32, hi32, out + i * so, so, kst, flat, C);
+    if (i < rows)
+        rq_f8_rows(acc + i * lda, lda, (int)(rows - i), NB, f, k, mv, sv, &K, lo32, hi32, out + i * so, so, kst, 0, C);
     return 1;
 }
 
