@@ -15,6 +15,8 @@ import json
 from unittest import mock
 from pathlib import Path
 
+import math
+
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -358,6 +360,36 @@ def test_fused_gemm_requantize_offset_fold(M, K):
         for xz in (-128, 127):
             got = tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="cpu")
             assert torch.equal(got, tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="reference"))
+
+
+@pytest.mark.parametrize("M,K,N", [(40, 129, 70), (57, 200, 64), (64, 1152, 130), (200, 576, 33)])
+@pytest.mark.parametrize("vnni", ["1", "2"])
+def test_a16w8_split_into_int8_halves(monkeypatch, M, K, N, vnni):
+    """int16 x int8 requantized where the int8 rule takes AMX (K > 128, M >= 40; TESSERA_QI8_VNNI=1):
+    two int8 GEMMs on the u8 halves lo and hi + 128 of each code (split16_gemm), combined in int64
+    as 256 hi + (lo - 128) + 128 colsum; =2 keeps VPDPWSSD.  Codes at both int16 ends, odd K (a
+    padded last group), rows off the 16-row tiles, partial panels, the stored weight panels too
+    (conv2d_int8), against the reference."""
+    monkeypatch.setenv("TESSERA_QI8_VNNI", vnni)
+    gen = torch.Generator().manual_seed(M + K + N)
+    x = torch.randint(-32768, 32768, (M, K), generator=gen, dtype=torch.int16)
+    x[0, :] = -32768
+    x[1, :] = 32767
+    w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    w[:, 0] = -128
+    bias = torch.randint(-(1 << 24), 1 << 24, (N,), generator=gen, dtype=torch.int64)
+    m = torch.randint(2**30, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+    e = round(math.log2(math.sqrt(K) * 32768 * 74)) - 13   # a typical |acc| lands near 2^13: most outputs in range
+    s = torch.randint(-e - 1, -e + 2, (N,), generator=gen, dtype=torch.int32)
+    for b, per_ch in ((bias, True), (None, False)):
+        mm, ss = (m, s) if per_ch else (m[:1], s[:1])
+        lin = (x, 0, w, b, mm, ss, 0, -32768, 32767)
+        assert torch.equal(tessera.linear_int8_requant(*lin, out_dtype=torch.int16, backend="cpu"),
+                           tessera.linear_int8_requant(*lin, out_dtype=torch.int16, backend="reference"))
+    xc = x[:, :K - K % 2].reshape(1, M, 1, -1).permute(0, 3, 1, 2)   # channels-last 1x1 conv rows
+    wc = w[:, :K - K % 2].reshape(N, -1, 1, 1).contiguous()
+    conv = (xc, 0, wc, bias, m, s, 0)
+    assert torch.equal(tessera.conv2d_int8(*conv, backend="cpu"), tessera.conv2d_int8(*conv, backend="reference"))
 
 
 @pytest.mark.parametrize("M,K,N", [(40, 32, 192), (100, 27, 16), (17, 300, 70), (64, 200, 70)])

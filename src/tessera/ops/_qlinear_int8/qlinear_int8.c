@@ -11,7 +11,8 @@
  *
  * Phase 2, int16 x int8 requantized (A16W8 convs and linears) with VNNI where qo_wanted says: the
  * broadcast scheme with VPDPWSSD on int16 pairs (qo16_block, outer16_gemm; exact int32 blocks of
- * K = 256 added in int64).
+ * K = 256 added in int64); where the int8 rule takes AMX, two int8 GEMMs on the AMX tiles, one per
+ * byte of the int16 codes, added in int64 (split16_gemm).
  * Phase 2, int8 with VNNI where qi8_outer says (M > 16 and K small, or M >= 128; with AMX from
  * M = 40): the broadcast kernel of qi8_outer_avx512.h (64-column weight panels packed per call,
  * 6 x 64 outputs in registers, nothing reduced horizontally; 85 % of the VNNI peak at conv /
@@ -559,6 +560,62 @@ _Pragma("omp for schedule(dynamic, 1)")
         for (int64_t i = 0; i < rows; i++) rq_put(J->rq, (const char *)(tile + i * 64), 1, m0 + i, n0, cols, 0);
     }
 }
+
+#if QI8_AMX
+/* A16W8 on the int8 AMX tiles (qi8_split16): an int16 code a = 256 hi + lo, hi = a >> 8 (signed
+ * byte), lo = a & 255, so
+ *     sum_k a w = 256 sum hi w + sum (lo - 128) w + 128 sum_k w,
+ * and each half is an exact int8 GEMM of qa_rows (|sum| <= K 2^14 < 2^31): the u8 row buffer holds
+ * lo then hi + 128 (split16_row), each Kp bytes, read as q + 128 -- qa_rows returns sum (lo - 128) w
+ * and sum hi w -- and the third term is the panel's correction cs itself (128 x the column sums,
+ * never folded for int16 rows).  Two TDPBUSD tiles per K step where VPDPWSSD took 16 instructions;
+ * the int64 sums go through the int64 requantization (rq_put, mode 2), as outer16_gemm's.  P: int8
+ * panels of Kp / 4 groups (J->packed or packed here), CS their corrections; t64: QO_MC x 64 int64;
+ * s3: 3 x QO_MC x 64 int32 (lo, hi, qa_rows' VNNI scratch), per thread. */
+VNNI_TARGET static void split16_gemm(const job_t *J, int8_t *P, int32_t *CS, int64_t *t64, int32_t *s3,
+                                     const int failed) {
+    const int64_t kp4 = J->Kp / 4, np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
+_Pragma("omp for schedule(static)")
+    for (int64_t p = 0; p < np; p++) {
+        if (failed) continue;
+        if (J->packed) memcpy(CS + p * 64, J->packed + np * kp4 * 256 + p * 64 * 4, 64 * 4);
+        else qo_pack_panel(J->w, J->N, J->K, kp4, p * 64, P + p * kp4 * 256, CS + p * 64);
+    }
+    int32_t *lo = s3, *hi = s3 + QO_MC * 64, *tmp = s3 + 2 * QO_MC * 64;
+    qa_begin();
+_Pragma("omp for schedule(dynamic, 1)")
+    for (int64_t it = 0; it < nmc * np; it++) {
+        if (failed) continue;
+        const int64_t mc = it / np, p = it % np, m0 = mc * QO_MC, n0 = p * 64;
+        const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
+        const uint8_t *A = (const uint8_t *)J->q + m0 * 2 * J->Kp;
+        const int8_t *Pp = P + p * kp4 * 256;
+        const int32_t *cs = CS + p * 64;
+        qa_rows(A, 2 * J->Kp, rows, Pp, kp4, cs, lo, 64, cols, tmp);
+        qa_rows(A + J->Kp, 2 * J->Kp, rows, Pp, kp4, cs, hi, 64, cols, tmp);
+        for (int64_t i = 0; i < rows; i++) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++)
+                t64[i * 64 + j] = 256 * (int64_t)hi[i * 64 + j] + lo[i * 64 + j] + cs[j];
+            rq_put(J->rq, (const char *)(t64 + i * 64), 1, m0 + i, n0, cols, 0);
+        }
+    }
+    qa_end();
+}
+
+/* one int16 row as split16_gemm's two u8 halves: d[0, Kp) = lo, d[Kp, 2 Kp) = hi + 128 ((a >> 8) ^
+ * 0x80); the padding past K (any bytes: 0 and 128 here) meets the panels' zero weights */
+VNNI_TARGET static void split16_row(const int16_t *src, int64_t K, uint8_t *d, int64_t Kp) {
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int64_t k = 0; k < Kp; k += 32) {
+        const int64_t n = K - k;
+        const __mmask32 ms = n >= 32 ? ~(__mmask32)0 : n <= 0 ? 0 : ((__mmask32)1 << n) - 1;
+        const __m512i a = _mm512_maskz_loadu_epi16(ms, src + k);
+        _mm256_storeu_si256((__m256i *)(d + k), _mm512_cvtepi16_epi8(a));
+        _mm256_storeu_si256((__m256i *)(d + Kp + k), _mm256_xor_si256(_mm512_cvtepi16_epi8(_mm512_srai_epi16(a, 8)), bias));
+    }
+}
+#endif
 #endif
 
 #ifndef QI8_AMX
@@ -595,6 +652,19 @@ static int qi8_outer16(const job_t *J) {
     return J->vnni && J->bits == 16 && J->rq && qo_wanted(J->M, J->K);
 #else
     (void)J;
+    return 0;
+#endif
+}
+
+/* Does this int16 x int8 requantized call run as two int8 GEMMs on AMX tiles (split16_gemm)?  Where
+ * the int8 rule would take AMX (qi8_outer: vnni_ok 1, K > 128, M >= 40), at any M there (the
+ * VPDPWSSD broadcast kernel only where qo_wanted): ResNet-18 a16w8 at batch 1 from 23.5 to 13.8 ms (int8: 7.9).
+ * Elsewhere (no AMX: Zen 4, or vnni_ok 2) outer16_gemm or the dot micro-kernels, as before. */
+static int qi8_split16(const job_t *J, int vnni_ok) {
+#if QI8_VNNI && QI8_AMX
+    return J->vnni && J->bits == 16 && J->rq && vnni_ok == 1 && J->K > 128 && J->M >= 40 && tsr_qi8_has_amx();
+#else
+    (void)J; (void)vnni_ok;
     return 0;
 #endif
 }
@@ -638,9 +708,9 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
 #endif
     job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
                w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R,
-               bits == 8 && packed && !((uintptr_t)packed & 63) ? packed : NULL};
+               packed && !((uintptr_t)packed & 63) ? packed : NULL};
     int amx, rc;
-    if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J)) {
+    if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J) || qi8_split16(&J, vnni_ok)) {
         rc = qi8_run(J, vnni_ok, nthreads);
     } else {
         char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
@@ -666,32 +736,45 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int es = bits == 8 ? 1 : 2;
     /* the broadcast kernel's packed panels (qi8_outer_avx512.h) */
     const int outer = qi8_outer(&J, vnni_ok, &J.amx);
-    const int outer16 = !outer && qi8_outer16(&J);
+    const int split16 = !outer && qi8_split16(&J, vnni_ok);
+    const int outer16 = !outer && !split16 && qi8_outer16(&J);
+    if (split16) J.amx = 1;   /* the int8 AMX layout: Kp / 4 groups a panel */
     /* its VNNI rows are read 4 bytes at a time, ceil(K / 4) groups: the buffer can keep x's own
      * row length K (a pointwise conv's K = 16 - 32 had the copy write 2 - 4x its bytes at 64, and
      * contiguous rows copy in one flat pass).  The up to 3 bytes read past a row's K meet the
      * panel's zero weights (qo_pack_panel), and the buffer has 64 bytes of slack after the last
      * row.  The dot micro-kernels and the AMX tiles read whole 64-byte rows: Kp stays 64k there. */
     if ((outer && !J.amx) || outer16) J.Kp = K;
-    J.q = (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
+    /* int16 rows for the int16 broadcast kernel need no conversion (VPDPWSSD is signed x signed):
+     * contiguous rows of an even K (its int16 pairs end within the row) are read in place -- the
+     * copy was ~10 % of an a16w8 ResNet-18 */
+    const int in_place = outer16 && xkind == SRC_I16 && J.sx == K && K % 2 == 0;
+    /* split16: per row, lo then hi + 128 as u8, Kp bytes each (split16_row) -- the same bytes as an int16 row */
+    char *qbuf = in_place ? NULL : (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
+    J.q = in_place ? (char *)J.x : qbuf;
     J.xs = tsr_scratch(M);
-    if (!J.q || !J.xs) { free(J.q); free(J.xs); return TSR_ENOMEM; }
+    if (!J.q || !J.xs) { free(qbuf); free(J.xs); return TSR_ENOMEM; }
 #if QI8_ARM
     J.arm = qi8_arm_level(vnni_ok, bits);
 #endif
     const int T = tsr_threads(nthreads);
 #if QI8_VNNI
-    const int64_t tile_rows = outer || outer16 ? QO_MC : MB;
+    const int64_t tile_rows = outer || outer16 || split16 ? QO_MC : MB;
 #else
     const int64_t tile_rows = MB;
 #endif
     const int64_t k4n = QO_GROUPS(&J), np = (N + 63) / 64;
-    if (!outer) J.packed = NULL;
-    int8_t *P = outer && J.packed ? (int8_t *)J.packed
-              : outer ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
+    const int int8p = outer || split16;   /* int8 panels (qo_pack_panel) and their corrections */
+    if (!int8p) J.packed = NULL;
+    int8_t *P = int8p && J.packed ? (int8_t *)J.packed
+              : int8p ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
               : outer16 ? (int8_t *)aligned_alloc(64, (size_t)(np * ((K + 1) / 2) * 256)) : NULL;
-    int32_t *CS = outer ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
-    if ((outer && (!P || !CS)) || (outer16 && !P)) { free(P); free(CS); free(J.q); free(J.xs); return TSR_ENOMEM; }
+    int32_t *CS = int8p ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
+    if ((int8p && (!P || !CS)) || (outer16 && !P)) {
+        if (!J.packed) free(P);
+        free(CS); free(qbuf); free(J.xs);
+        return TSR_ENOMEM;
+    }
     int failed = 0;
     /* prep_row's call and loop set-up cost ~10 ns a row: 1/6 of a K = 16 GEMM + requantization */
     const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni, flat = u8rows && J.sx == K && J.Kp == K;
@@ -699,8 +782,10 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
         int64_t *tile = (int64_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int64_t));
-        int32_t *blk16 = outer16 ? (int32_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int32_t)) : NULL;
-        if (outer16 && !blk16) failed = 1;
+        /* outer16: one int32 block; split16: three (lo, hi, qa_rows' scratch) */
+        int32_t *blk16 = outer16 || split16
+            ? (int32_t *)aligned_alloc(64, (size_t)(split16 ? 3 : 1) * tile_rows * NP * sizeof(int32_t)) : NULL;
+        if ((outer16 || split16) && !blk16) failed = 1;
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
         if (flat) {   /* contiguous int8 rows, no padding: one xor pass over the bytes (prep_row's u8 codes) */
 _Pragma("omp for schedule(static)")
@@ -714,7 +799,13 @@ _Pragma("omp simd")
         } else if (u8rows) {   /* the same codes row by row, padding 128 (q 0), inline */
 _Pragma("omp for schedule(static)")
             for (int64_t i = 0; i < M; i++) u8_row((const uint8_t *)J.x + i * J.sx, K, (uint8_t *)J.q + i * J.Kp, J.Kp);
-        } else {
+        } else if (split16) {
+#if QI8_VNNI && QI8_AMX
+_Pragma("omp for schedule(static)")
+            for (int64_t i = 0; i < M; i++)
+                split16_row((const int16_t *)J.x + i * J.sx, K, (uint8_t *)J.q + i * 2 * J.Kp, J.Kp);
+#endif
+        } else if (!in_place) {
 _Pragma("omp for schedule(static)")
             for (int64_t i = 0; i < M; i++)
                 if (!failed) prep_row(&J, i, buf);
@@ -727,6 +818,10 @@ _Pragma("omp for schedule(static)")
         } else if (outer16) {
 #if QI8_VNNI
             outer16_gemm(&J, P, tile, blk16, failed);
+#endif
+        } else if (split16) {
+#if QI8_VNNI && QI8_AMX
+            split16_gemm(&J, P, CS, tile, blk16, failed);
 #endif
         } else if (M <= 16) {
             /* chunks of 16 weight blocks (64 rows: K x 64 contiguous bytes), handed out
@@ -743,7 +838,7 @@ _Pragma("omp for schedule(dynamic, 1)")
         }
         free(buf); free(fbuf); free(tile); free(blk16);
     });
-    free(J.q); free(J.xs); free(CS);
+    free(qbuf); free(J.xs); free(CS);
     if (!J.packed) free(P);
     return failed ? TSR_ENOMEM : TSR_OK;
 }
