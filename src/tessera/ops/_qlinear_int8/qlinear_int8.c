@@ -7,7 +7,9 @@
  * Kp = K rounded up to 64 (K itself for the broadcast kernels on VNNI).  Float x is quantised
  * per row with the integer contract of
  * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
- * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128.
+ * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128; int8
+ * rows for the broadcast kernel skip this phase: each thread converts a chunk of QO_MC rows as it
+ * reaches it (qo_u8_chunk, into a cache-resident buffer), not all of x up front.
  *
  * Phase 2, int16 x int8 requantized (A16W8 convs and linears) with VNNI where qo_wanted says: the
  * broadcast scheme with VPDPWSSD on int16 pairs (qo16_block, outer16_gemm; exact int32 blocks of
@@ -15,6 +17,7 @@
  * byte of the int16 codes, added in int64 (split16_gemm).
  * Phase 2, int8 with VNNI where qi8_outer says (M > 16 and K small, or M >= 128; with AMX from
  * M = 40): the broadcast kernel of qi8_outer_avx512.h (64-column weight panels packed per call,
+ * or once per weight by tsr_qi8_pack for the requantized conv / linear layers,
  * 6 x 64 outputs in registers, nothing reduced horizontally; 85 % of the VNNI peak at conv /
  * prefill sizes), or its AMX tile twin (qi8_amx.h).
  * Otherwise: dot-product micro-kernels on w's own [N, K] layout (no weight packing): a block
@@ -487,10 +490,23 @@ static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
 #include "qi8_outer_avx512.h"
 #include "qi8_amx.h"
 
+/* rows m0 .. m0 + rows of int8 x as the VNNI / AMX kernels' u8 codes (q ^ 0x80, rows of Kp padded
+ * with 128) into qb: one flat pass where x's rows are contiguous and unpadded, else u8_row */
+VNNI_TARGET static void qo_u8_chunk(const job_t *J, int64_t m0, int64_t rows, uint8_t *qb) {
+    if (J->sx == J->K && J->Kp == J->K) {
+        const uint8_t *src = (const uint8_t *)J->x + m0 * J->K;
+        const int64_t n = rows * J->K;
+_Pragma("omp simd")
+        for (int64_t k = 0; k < n; k++) qb[k] = src[k] ^ 0x80u;
+        return;
+    }
+    for (int64_t i = 0; i < rows; i++) u8_row((const uint8_t *)J->x + (m0 + i) * J->sx, J->K, qb + i * J->Kp, J->Kp);
+}
+
 /* the broadcast GEMM (int8, VNNI, qo_wanted(M, K)): panels packed by all threads, then (row chunk,
  * panel) items; int32 outputs straight into y, float epilogues through a per-thread int32 tile
  * (`tile`: 2 x QO_MC x 64 int32, the int64 tile's bytes) */
-VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32_t *tile, float *fbuf,
+VNNI_TARGET static void outer_gemm(const job_t *J, int8_t *P, int32_t *CS, int32_t *tile, float *fbuf, uint8_t *qb,
                                    const int failed) {
     const int64_t k4n = QO_GROUPS(J), np = (J->N + 63) / 64, nmc = (J->M + QO_MC - 1) / QO_MC;
     /* panel stride in groups: the cache's Kp / 4 (tsr_qi8_pack: both kernels' layout), else k4n */
@@ -512,12 +528,18 @@ _Pragma("omp for schedule(static)")
 #else
 #define QO_ROWS qo_rows
 #endif
+    int64_t last_mc = -1;   /* the chunk in qb: items come chunk-major, so a thread's next panel reuses it */
 _Pragma("omp for schedule(dynamic, 1)")
     for (int64_t it = 0; it < nmc * np; it++) {
         if (failed) continue;   /* this thread's scratch failed: its items stay unwritten, the call fails */
         const int64_t mc = it / np, p = it % np, m0 = mc * QO_MC, n0 = p * 64;
         const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
         const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
+        if (qb) {   /* int8 rows as u8 codes, a chunk at a time into this thread's buffer (qi8_run) */
+            if (mc != last_mc) qo_u8_chunk(J, m0, rows, qb);
+            last_mc = mc;
+            A = qb;
+        }
         int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
         if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
             QO_ROWS(A, J->Kp, rows, P + p * kst * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
@@ -750,10 +772,15 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
      * copy was ~10 % of an a16w8 ResNet-18 */
     const int in_place = outer16 && xkind == SRC_I16 && J.sx == K && K % 2 == 0;
     /* split16: per row, lo then hi + 128 as u8, Kp bytes each (split16_row) -- the same bytes as an int16 row */
-    char *qbuf = in_place ? NULL : (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
+    /* int8 rows for the broadcast kernel: converted a row chunk at a time (outer_gemm's qb, per
+     * thread, L1 / L2-resident) rather than in one pass over all of x before it -- at batch 8 that
+     * pass wrote and re-read MiBs (MobileNetV2's 32x112 -> 16: 1.23x fp32 at b8, 1.68x at b1) */
+    const int per_chunk = outer && bits == 8 && xkind == SRC_I8 && J.vnni;
+    char *qbuf = in_place || per_chunk ? NULL
+               : (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
     J.q = in_place ? (char *)J.x : qbuf;
     J.xs = tsr_scratch(M);
-    if (!J.q || !J.xs) { free(qbuf); free(J.xs); return TSR_ENOMEM; }
+    if ((!J.q && !per_chunk) || !J.xs) { free(qbuf); free(J.xs); return TSR_ENOMEM; }
 #if QI8_ARM
     J.arm = qi8_arm_level(vnni_ok, bits);
 #endif
@@ -777,7 +804,7 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     }
     int failed = 0;
     /* prep_row's call and loop set-up cost ~10 ns a row: 1/6 of a K = 16 GEMM + requantization */
-    const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni, flat = u8rows && J.sx == K && J.Kp == K;
+    const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni && !per_chunk, flat = u8rows && J.sx == K && J.Kp == K;
     TSR_TEAM(T, reduction(| : failed), {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
@@ -787,6 +814,12 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
             ? (int32_t *)aligned_alloc(64, (size_t)(split16 ? 3 : 1) * tile_rows * NP * sizeof(int32_t)) : NULL;
         if ((outer16 || split16) && !blk16) failed = 1;
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
+#if QI8_VNNI
+        uint8_t *qb = per_chunk ? (uint8_t *)aligned_alloc(64, (size_t)(QO_MC * J.Kp + 64 + 63) & ~(size_t)63) : NULL;
+#else
+        uint8_t *qb = NULL;   /* per_chunk is the broadcast kernel's, x86 only */
+#endif
+        if (per_chunk && !qb) failed = 1;
         if (flat) {   /* contiguous int8 rows, no padding: one xor pass over the bytes (prep_row's u8 codes) */
 _Pragma("omp for schedule(static)")
             for (int64_t c = 0; c < (M * K + 4095) / 4096; c++) {
@@ -805,7 +838,7 @@ _Pragma("omp for schedule(static)")
             for (int64_t i = 0; i < M; i++)
                 split16_row((const int16_t *)J.x + i * J.sx, K, (uint8_t *)J.q + i * 2 * J.Kp, J.Kp);
 #endif
-        } else if (!in_place) {
+        } else if (!in_place && !per_chunk) {
 _Pragma("omp for schedule(static)")
             for (int64_t i = 0; i < M; i++)
                 if (!failed) prep_row(&J, i, buf);
@@ -813,7 +846,7 @@ _Pragma("omp for schedule(static)")
         /* the implicit barrier: every row is ready */
         if (outer) {
 #if QI8_VNNI
-            outer_gemm(&J, P, CS, (int32_t *)tile, fbuf, failed);
+            outer_gemm(&J, P, CS, (int32_t *)tile, fbuf, qb, failed);
 #endif
         } else if (outer16) {
 #if QI8_VNNI
@@ -836,7 +869,7 @@ _Pragma("omp for schedule(dynamic, 1)")
             for (int64_t p = 0; p < (N + NP - 1) / NP; p++)
                 if (!failed) gemm_panel(&J, p, tile, fbuf);
         }
-        free(buf); free(fbuf); free(tile); free(blk16);
+        free(buf); free(fbuf); free(tile); free(blk16); free(qb);
     });
     free(qbuf); free(J.xs); free(CS);
     if (!J.packed) free(P);
