@@ -9,7 +9,7 @@ rq_f_double), against the int64 reference and against the paths they replace.
   clamps inside the int8 range (a fused ReLU6) and at its ends.  Both consumers: the depthwise
   kernels' register sums and the int8 GEMM's requantized tile (small K, 1x1 conv / linear).
 * dwv_rows (requant.c): 3x3, stride 1 or 2, any padding, odd heights (a last pair of one row),
-  widths below and across its 8-pixel tile, channel counts off the 16 / 64 grid.
+  widths below and across its 4-pixel tile, channel counts off the 16 / 64 grid.
 TESSERA_RQ_FP32=0 / TESSERA_DW_VNNI=0 switch the new paths off per call; every result is compared
 with the reference bit for bit either way.
 """
