@@ -155,21 +155,23 @@ typedef struct {
                             * instructions a block; formed per row pair it cost MobileNetV2's depthwise
                             * layers 3-9 % at batch 8) */
     int64_t Cp, qbuilt, qcols;   /* C rounded up to 16; Q's columns: S (Wo - 1) + 3 built, then S DWV_P of slack */
-    /* dwv_build's permutations (dwv_run forms them once): byte pairs of rows (0, 1) / (2, 3),
-     * positions 0..31 (ilo) and 32..63 (ihi); then word pairs of those, channels 0..15 (iwa) /
-     * 16..31 (iwb) of each half, 4 rows each */
-    __m512i ilo, ihi, iwa, iwb;
+    /* dwv_build's byte permutations (dwv_run forms them once): byte pairs of rows (0, 1) / (2, 3),
+     * channels 0..31 (ilo) and 32..63 (ihi), placed so that unpack{lo,hi}_epi16 of the two pair
+     * vectors gives the quads of channels 0..15 / 16..31 in order (one in-lane unpack where a
+     * two-source word permute took ~4-7 % more of a depthwise layer) */
+    __m512i ilo, ihi;
 } dwv_args;
 
-/* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r */
-DWV_TARGET static void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q) {
+/* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r;
+ * nr = 3 (stride 2: the fourth byte meets zero weights) leaves row 3 unread, its bytes the pad's */
+DWV_TARGET static void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q, const int nr) {
     const dwq_args *a = v->a;
     const int64_t C = a->C, Cp = v->Cp, Wq = v->qbuilt;
     const __m512i pad = _mm512_set1_epi8((char)(uint8_t)((int)a->zp + 128)), flip = _mm512_set1_epi8((char)0x80);
-    const __m512i ilo = v->ilo, ihi = v->ihi, iwa = v->iwa, iwb = v->iwb;
+    const __m512i ilo = v->ilo, ihi = v->ihi;
     const int8_t *rows[4];
     for (int r = 0; r < 4; r++) {
-        const int64_t iy = iy0 + r;
+        const int64_t iy = r < nr ? iy0 + r : -1;
         rows[r] = iy >= 0 && iy < a->H ? a->x + n * a->sn + iy * a->sh : NULL;
     }
     for (int64_t j = 0; j < Wq; j++) {
@@ -185,10 +187,10 @@ DWV_TARGET static void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint
             const __m512i l23 = _mm512_permutex2var_epi8(r[2], ilo, r[3]), h23 = _mm512_permutex2var_epi8(r[2], ihi, r[3]);
             uint8_t *d = Q + (j * Cp + c0) * 4;
             const int64_t nb = (Cp - c0 < 64 ? Cp - c0 : 64) / 16;   /* 16-channel blocks here: 1..4 */
-            _mm512_store_si512(d, _mm512_permutex2var_epi16(l01, iwa, l23));
-            if (nb > 1) _mm512_store_si512(d + 64, _mm512_permutex2var_epi16(l01, iwb, l23));
-            if (nb > 2) _mm512_store_si512(d + 128, _mm512_permutex2var_epi16(h01, iwa, h23));
-            if (nb > 3) _mm512_store_si512(d + 192, _mm512_permutex2var_epi16(h01, iwb, h23));
+            _mm512_store_si512(d, _mm512_unpacklo_epi16(l01, l23));
+            if (nb > 1) _mm512_store_si512(d + 64, _mm512_unpackhi_epi16(l01, l23));
+            if (nb > 2) _mm512_store_si512(d + 128, _mm512_unpacklo_epi16(h01, h23));
+            if (nb > 3) _mm512_store_si512(d + 192, _mm512_unpackhi_epi16(h01, h23));
         }
     }
 }
@@ -200,7 +202,7 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const 
     const int64_t hp = S == 1 ? (a->Ho + 1) / 2 : a->Ho, n = item / hp, oy = (item % hp) * (3 - S);
     const int64_t Wo = a->Wo, Cp = v->Cp;
     const int two = S == 1 && oy + 1 < a->Ho, oe = a->out16 ? 2 : 1;
-    dwv_build(v, n, oy * S - a->pd_h, Q);
+    dwv_build(v, n, oy * S - a->pd_h, Q, S == 1 ? 4 : 3);
     for (int64_t c0 = 0; c0 < a->C; c0 += 16) {
         const __mmask16 kb = rq_tail16(a->C - c0);
         const dwq_rq *R = v->rq + c0 / 16;
@@ -291,18 +293,15 @@ static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(kb, a->init + c0));
         _mm512_store_si512(init + c0, _mm512_sub_epi32(i0, _mm512_slli_epi32(sum, 7)));
     }
-    int8_t p8[2][64];   /* dwv_args.ilo / ihi, iwa / iwb */
-    int16_t p16[2][32];
+    int8_t p8[2][64];   /* dwv_args.ilo / ihi */
     for (int i = 0; i < 64; i++) {
-        p8[0][i] = (int8_t)((i & 1 ? 64 : 0) + i / 2);
-        p8[1][i] = (int8_t)((i & 1 ? 64 : 0) + 32 + i / 2);
+        /* byte i: row i & 1 of word w = i / 2, which unpack{lo,hi}_epi16 put in 128-bit lane L = w / 8,
+         * dword w % 8 (lo: 0..3) or w % 8 - 4 (hi): channel 4 L + w % 8, or 16 + 4 L + w % 8 - 4 */
+        const int w = i / 2, L = w / 8, j = w % 8, ch = j < 4 ? 4 * L + j : 16 + 4 * L + j - 4;
+        p8[0][i] = (int8_t)((i & 1 ? 64 : 0) + ch);
+        p8[1][i] = (int8_t)((i & 1 ? 64 : 0) + 32 + ch);
     }
-    for (int i = 0; i < 32; i++) {
-        p16[0][i] = (int16_t)((i & 1 ? 32 : 0) + i / 2);
-        p16[1][i] = (int16_t)((i & 1 ? 32 : 0) + 16 + i / 2);
-    }
-    const dwv_args v = {a, wq, init, rq, Cp, qbuilt, qcols, _mm512_loadu_si512(p8[0]), _mm512_loadu_si512(p8[1]),
-                        _mm512_loadu_si512(p16[0]), _mm512_loadu_si512(p16[1])};
+    const dwv_args v = {a, wq, init, rq, Cp, qbuilt, qcols, _mm512_loadu_si512(p8[0]), _mm512_loadu_si512(p8[1])};
     const int64_t items = Nb * (S == 1 ? (a->Ho + 1) / 2 : a->Ho);
     const size_t qbytes = (size_t)(qcols * Cp * 4), built = (size_t)(qbuilt * Cp * 4);
     const int nt = tsr_threads(nthreads);
