@@ -9,7 +9,7 @@
  * tessera_quant.h (x / scale as a true fp32 division, RNE, saturate, NaN -> 0); integer a is
  * copied.  For the VNNI int8 path the buffer holds u8 = q + 128 (q ^ 0x80), padding 128; int8
  * rows for the broadcast kernel skip this phase: each thread converts a chunk of QO_MC rows as it
- * reaches it (qo_u8_chunk, into a cache-resident buffer), not all of x up front.
+ * reaches it (u8_chunk, into a cache-resident buffer), not all of x up front.
  *
  * Phase 2, int16 x int8 requantized (A16W8 convs and linears) with VNNI where qo_wanted says: the
  * broadcast scheme with VPDPWSSD on int16 pairs (qo16_block, outer16_gemm; exact int32 blocks of
@@ -164,12 +164,26 @@ static inline void u8_row(const uint8_t *src, int64_t K, uint8_t *d, int64_t Kp)
 }
 #endif
 
+/* rows m0 .. m0 + rows of int8 x as the VNNI / AMX kernels' u8 codes (q ^ 0x80, rows of Kp padded
+ * with 128) into d: one flat pass where x's rows are contiguous and unpadded, else u8_row.  qi8_run
+ * converts all of x this way before the dot micro-kernels, outer_gemm a chunk at a time */
+static void u8_chunk(const job_t *J, int64_t m0, int64_t rows, uint8_t *d) {
+    if (J->sx == J->K && J->Kp == J->K) {
+        const uint8_t *src = (const uint8_t *)J->x + m0 * J->K;
+        const int64_t n = rows * J->K;
+_Pragma("omp simd")
+        for (int64_t k = 0; k < n; k++) d[k] = src[k] ^ 0x80u;
+        return;
+    }
+    for (int64_t i = 0; i < rows; i++) u8_row((const uint8_t *)J->x + (m0 + i) * J->sx, J->K, d + i * J->Kp, J->Kp);
+}
+
 static void prep_row(const job_t *J, int64_t i, float *buf) {
     const int64_t K = J->K, Kp = J->Kp;
     const int u8 = J->bits == 8 && J->vnni;
     if (J->bits == 8) {
         int8_t *q = (int8_t *)J->q + i * Kp;
-        /* (int8 x for the VNNI kernels never comes here: qi8_run's u8_row / flat pass) */
+        /* (int8 x for the VNNI kernels never comes here: u8_chunk) */
         if (J->xkind == SRC_I8) {
             memcpy(q, J->x + i * J->sx, (size_t)K);
         } else {
@@ -490,19 +504,6 @@ static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
 #include "qi8_outer_avx512.h"
 #include "qi8_amx.h"
 
-/* rows m0 .. m0 + rows of int8 x as the VNNI / AMX kernels' u8 codes (q ^ 0x80, rows of Kp padded
- * with 128) into qb: one flat pass where x's rows are contiguous and unpadded, else u8_row */
-VNNI_TARGET static void qo_u8_chunk(const job_t *J, int64_t m0, int64_t rows, uint8_t *qb) {
-    if (J->sx == J->K && J->Kp == J->K) {
-        const uint8_t *src = (const uint8_t *)J->x + m0 * J->K;
-        const int64_t n = rows * J->K;
-_Pragma("omp simd")
-        for (int64_t k = 0; k < n; k++) qb[k] = src[k] ^ 0x80u;
-        return;
-    }
-    for (int64_t i = 0; i < rows; i++) u8_row((const uint8_t *)J->x + (m0 + i) * J->sx, J->K, qb + i * J->Kp, J->Kp);
-}
-
 /* the broadcast GEMM (int8, VNNI, qo_wanted(M, K)): panels packed by all threads, then (row chunk,
  * panel) items; int32 outputs straight into y, float epilogues through a per-thread int32 tile
  * (`tile`: 2 x QO_MC x 64 int32, the int64 tile's bytes) */
@@ -536,7 +537,7 @@ _Pragma("omp for schedule(dynamic, 1)")
         const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
         const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
         if (qb) {   /* int8 rows as u8 codes, a chunk at a time into this thread's buffer (qi8_run) */
-            if (mc != last_mc) qo_u8_chunk(J, m0, rows, qb);
+            if (mc != last_mc) u8_chunk(J, m0, rows, qb);
             last_mc = mc;
             A = qb;
         }
@@ -805,7 +806,8 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     }
     int failed = 0;
     /* prep_row's call and loop set-up cost ~10 ns a row: 1/6 of a K = 16 GEMM + requantization */
-    const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni && !per_chunk, flat = u8rows && J.sx == K && J.Kp == K;
+    const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni && !per_chunk;
+    const int64_t u8ch = K >= 4096 ? 1 : 4096 / K;   /* rows a chunk of the up-front pass: ~4 KiB */
     TSR_TEAM(T, reduction(| : failed), {
         float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
         float *fbuf = tsr_scratch(NP);
@@ -821,18 +823,10 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
         uint8_t *qb = NULL;   /* per_chunk is the broadcast kernel's, x86 only */
 #endif
         if (per_chunk && !qb) failed = 1;
-        if (flat) {   /* contiguous int8 rows, no padding: one xor pass over the bytes (prep_row's u8 codes) */
+        if (u8rows) {   /* prep_row's u8 codes, padding 128 (q 0), inline: chunks of rows */
 _Pragma("omp for schedule(static)")
-            for (int64_t c = 0; c < (M * K + 4095) / 4096; c++) {
-                const uint8_t *src = (const uint8_t *)J.x + c * 4096;
-                uint8_t *d = (uint8_t *)J.q + c * 4096;
-                const int64_t n = M * K - c * 4096 < 4096 ? M * K - c * 4096 : 4096;
-_Pragma("omp simd")
-                for (int64_t k = 0; k < n; k++) d[k] = src[k] ^ 0x80u;
-            }
-        } else if (u8rows) {   /* the same codes row by row, padding 128 (q 0), inline */
-_Pragma("omp for schedule(static)")
-            for (int64_t i = 0; i < M; i++) u8_row((const uint8_t *)J.x + i * J.sx, K, (uint8_t *)J.q + i * J.Kp, J.Kp);
+            for (int64_t m0 = 0; m0 < M; m0 += u8ch)
+                u8_chunk(&J, m0, M - m0 < u8ch ? M - m0 : u8ch, (uint8_t *)J.q + m0 * J.Kp);
         } else if (split16) {
 #if QI8_VNNI && QI8_AMX
 _Pragma("omp for schedule(static)")

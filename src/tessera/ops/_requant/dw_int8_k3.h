@@ -144,7 +144,7 @@ static __attribute__((noinline)) void dwq_row_s2(const dwq_args *a, int64_t r) {
  * the fp32 kernel's (|sum| < 2^24, the launcher's check); padding reads x_zp + 128, cancelled as
  * there.  Needs AVX512-VNNI (VPDPBUSD) and VBMI (VPERMT2B, the interleave): tsr_dw_requant_k3
  * checks the CPU, and TESSERA_DW_VNNI=0 keeps the fp32 kernel (tests compare the two). */
-#define DWV_P 4   /* a multiple of 4 (dwq_put4); 8 spilled the 2 x 8 accumulators: ~5-10 % slower */
+#define DWV_P 4   /* one dwq_put4 register of pixels; 8 spilled the 2 x 8 accumulators: ~5-10 % slower */
 #define DWV_TARGET __attribute__((target("avx512vnni,avx512vbmi")))
 
 typedef struct {
@@ -195,6 +195,13 @@ DWV_TARGET static void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint
     }
 }
 
+/* a tile's n (1..4) pixels of one channel block, row oy (ua) and, where `two`, oy + 1 (ub) */
+DWV_TARGET INL void dwv_put4(const dwq_rq *R, const __m512i *ua, const __m512i *ub, int n, int two, char *o0,
+                             char *o1, int64_t step) {
+    dwq_put4(R, ua, n, o0, step);
+    if (two) dwq_put4(R, ub, n, o1, step);
+}
+
 /* stride 1: output rows oy, oy + 1 (if any) of image n, item = n ceil(Ho / 2) + oy / 2; stride 2:
  * output row oy, item = n Ho + oy */
 DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const int S) {
@@ -229,20 +236,10 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const 
                     if (S == 1) ub[p] = _mm512_dpbusd_epi32(ub[p], q, k == 0 ? wb0 : (k == 1 ? wb1 : wb2));
                 }
             }
-            if (R->f8 && np == DWV_P) {   /* full tiles: n = 4 a constant, no store branches */
-#pragma GCC unroll 2
-                for (int p = 0; p < DWV_P; p += 4) {
-                    dwq_put4(R, ua + p, 4, o0 + (ox0 + p) * a->so * oe, a->so * oe);
-                    if (two) dwq_put4(R, ub + p, 4, o1 + (ox0 + p) * a->so * oe, a->so * oe);
-                }
-                continue;
-            }
-            if (R->f8) {   /* four pixels a register (DWV_P a multiple of 4: every ua[p .. p + 3] exists) */
-                for (int64_t p = 0; p < np; p += 4) {
-                    const int n4 = np - p < 4 ? (int)(np - p) : 4;
-                    dwq_put4(R, ua + p, n4, o0 + (ox0 + p) * a->so * oe, a->so * oe);
-                    if (two) dwq_put4(R, ub + p, n4, o1 + (ox0 + p) * a->so * oe, a->so * oe);
-                }
+            if (R->f8) {   /* four pixels a register; a full tile's count a constant (no store branches) */
+                char *p0 = o0 + ox0 * a->so * oe, *p1 = o1 + ox0 * a->so * oe;
+                if (np == DWV_P) dwv_put4(R, ua, ub, DWV_P, two, p0, p1, a->so * oe);
+                else dwv_put4(R, ua, ub, (int)np, two, p0, p1, a->so * oe);
                 continue;
             }
             for (int64_t p = 0; p < np; p++) {
