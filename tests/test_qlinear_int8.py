@@ -169,6 +169,35 @@ def test_amx_requantized_conv_matches_vnni_and_reference(xz, layout, monkeypatch
     assert want.unique().numel() > 50                     # not saturated to a few codes
 
 
+@pytest.mark.parametrize("n,K,h,w,N", [(1, 64, 7, 7, 70), (1, 57, 10, 15, 40), (2, 49, 9, 9, 20), (1, 64, 12, 12, 128),
+                                       (3, 64, 9, 8, 96)])
+def test_amx_one_step_pointwise_matches_vnni_and_reference(n, K, h, w, N, monkeypatch):
+    """qa_k64 (qi8_amx.h): a requantized 1x1 conv at 48 < K <= 64 on AMX tiles, B kept loaded, the C
+    tiles started from the negated correction, two tile sets alternating.  M = n h w covers an odd
+    number of 16-row blocks in a work item (the single-block tail), rows % 16 left to VNNI, several
+    96-row items, one (N <= 32) or two column halves and a partial last panel; x_zp nonzero so the
+    offset is folded into the correction.  Equal to VNNI and to the reference."""
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if not qcpu.has_amx():
+        pytest.skip("no AMX-INT8 (or no tile state from the OS) here: the VNNI kernel is tested")
+    gen = torch.Generator().manual_seed(K * N + h)
+    x = torch.randint(-128, 128, (n, K, h, w), generator=gen, dtype=torch.int8).contiguous(
+        memory_format=torch.channels_last)
+    x[0, :, 0, 0] = 127
+    wt = torch.randint(-127, 128, (N, K, 1, 1), generator=gen, dtype=torch.int8)
+    wt[0] = -127
+    b = torch.randint(-5000, 5000, (N,), generator=gen, dtype=torch.int32)
+    m = torch.randint(2**29, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-12, -7, (N,), generator=gen, dtype=torch.int32)
+    outs = {}
+    for flag in ("1", "2"):
+        monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
+        outs[flag] = tessera.conv2d_int8(x, -7, wt, b, m, s, 3, backend="cpu")
+    want = tessera.conv2d_int8(x, -7, wt, b, m, s, 3, backend="reference")
+    assert torch.equal(outs["1"], want) and torch.equal(outs["2"], want)
+    assert want.unique().numel() > 50
+
+
 # ---------------------------------------------------------------- int_mm
 
 @pytest.mark.parametrize("adtype", [torch.int8, torch.int16])

@@ -20,7 +20,9 @@
  * Blocking: 8 tiles = 4 C (32 rows x 32 columns) + 2 A + 2 B; a 64-column panel is two 32-column
  * halves, K runs whole in the C tiles (no partial sums in memory).  Row blocks of 32, then one of
  * 16; the last rows % 16 go to the VNNI kernel (a tile load of 16 rows would read past the buffer).
- * C is stored to a 32 x 64 int32 scratch, the correction subtracted on the way out.
+ * C is stored to a 32 x 64 int32 scratch, the correction subtracted on the way out.  K <= 64 (one
+ * tile step; the requantized GEMM's 48 < K <= 64) runs qa_k64 instead: B loaded once per column
+ * half, C started from the negated correction, two tile sets alternating between row blocks.
  *
  * The OS must grant the tile state once per process (arch_prctl ARCH_REQ_XCOMP_PERM,
  * XFEATURE_XTILEDATA = 18, Linux >= 5.16); each thread loads the tile configuration before its
@@ -95,17 +97,69 @@ static __attribute__((noinline)) void qa_block(const uint8_t *A, int64_t lda, co
         QA_STORE(3, buf + 16 * 64 + 32 * h + 16, 256);
     }
 }
+
+/* K <= 64 (kp4 = 16: one tile step), nblk blocks of 16 rows x columns 32 h .. 32 h + 31 into out
+ * (row stride ldo int32, all 32 columns written): the panel's two B tiles stay loaded for every
+ * block, the C tiles start from -cs (a stride-0 load of one 64-byte row: no subtraction pass after),
+ * and consecutive blocks alternate between two tile sets (C0 C1 A4, C2 C3 A5).  Tiles are not
+ * renamed: with one set (qa_block) each block waits for the previous block's load -> TDPBUSD ->
+ * store chain, ~370 cycles per 32 x 32 outputs at K = 32, slower than VPDPBUSD. */
+static __attribute__((noinline)) void qa_k64(const uint8_t *A, int64_t lda, int64_t nblk, const int8_t *P, int h,
+                                             const int32_t *ncs, int32_t *out, int64_t ldo) {
+    const int8_t *b = P + 128 * h;
+    const int32_t *nc = ncs + 32 * h;
+    const int64_t so = 4 * ldo;
+    QA_LOAD(6, b, 256);
+    QA_LOAD(7, b + 64, 256);
+    int64_t r = 0;
+    for (; r + 2 <= nblk; r += 2) {
+        const uint8_t *a = A + r * 16 * lda;
+        int32_t *o = out + r * 16 * ldo + 32 * h;
+        QA_LOAD(0, nc, 0);
+        QA_LOAD(1, nc + 16, 0);
+        QA_LOAD(4, a, lda);
+        QA_DP(0, 4, 6);
+        QA_DP(1, 4, 7);
+        QA_STORE(0, o, so);
+        QA_STORE(1, o + 16, so);
+        QA_LOAD(2, nc, 0);
+        QA_LOAD(3, nc + 16, 0);
+        QA_LOAD(5, a + 16 * lda, lda);
+        QA_DP(2, 5, 6);
+        QA_DP(3, 5, 7);
+        QA_STORE(2, o + 16 * ldo, so);
+        QA_STORE(3, o + 16 * ldo + 16, so);
+    }
+    if (r < nblk) {
+        int32_t *o = out + r * 16 * ldo + 32 * h;
+        QA_LOAD(0, nc, 0);
+        QA_LOAD(1, nc + 16, 0);
+        QA_LOAD(4, A + r * 16 * lda, lda);
+        QA_DP(0, 4, 6);
+        QA_DP(1, 4, 7);
+        QA_STORE(0, o, so);
+        QA_STORE(1, o + 16, so);
+    }
+}
 #undef QA_LOAD
 #undef QA_STORE
 #undef QA_DP
 
 /* qo_rows' contract with tiles: rows [0, rows) of A x packed panel P (kp4 groups, a multiple of
  * 16) minus the correction cs, exact int32 into out (row stride ldo, `cols` valid columns);
- * tmp: the VNNI kernel's scratch, for the rows % 16 it takes.  The caller has run qa_begin. */
+ * tmp: the VNNI kernel's scratch, for the rows % 16 it takes; ncs: -cs (or NULL), for qa_k64, which
+ * takes a one-step K (kp4 16) into a 64-column scratch (ldo 64: it writes whole 32-column halves).
+ * The caller has run qa_begin. */
 VNNI_TARGET static void qa_rows(const uint8_t *A, int64_t lda, int64_t rows, const int8_t *P, int64_t kp4,
-                                const int32_t *cs, int32_t *out, int64_t ldo, int64_t cols, int32_t *tmp) {
+                                const int32_t *cs, int32_t *out, int64_t ldo, int64_t cols, int32_t *tmp,
+                                const int32_t *ncs) {
     int32_t buf[32 * 64] __attribute__((aligned(64)));
     int64_t m = 0;
+    if (kp4 == 16 && ldo == 64 && ncs) {   /* one tile step into a 64-column scratch tile: qa_k64 */
+        qa_k64(A, lda, rows / 16, P, 0, ncs, out, ldo);
+        if (cols > 32) qa_k64(A, lda, rows / 16, P, 1, ncs, out, ldo);
+        m = rows / 16 * 16;
+    }
     while (rows - m >= 16) {
         const int two = rows - m >= 32, nr = two ? 32 : 16;
         qa_block(A + m * lda, lda, two, P, kp4, 0, buf);

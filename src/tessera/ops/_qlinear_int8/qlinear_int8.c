@@ -522,10 +522,11 @@ _Pragma("omp for schedule(static)")
         if (J->rq && J->rq->fold)   /* acc + off = acc - (-off): one int32 correction (rq_t.fold) */
             for (int64_t j = 0; j < 64 && p * 64 + j < J->N; j++)
                 CS[p * 64 + j] = (int32_t)((uint32_t)CS[p * 64 + j] - (uint32_t)(int32_t)J->rq->off[p * 64 + j]);
+        for (int64_t j = 0; J->amx && j < 64; j++) CS[np * 64 + p * 64 + j] = (int32_t)(0u - (uint32_t)CS[p * 64 + j]);
     }
 #if QI8_AMX
     if (J->amx) qa_begin();
-#define QO_ROWS(...) (J->amx ? qa_rows(__VA_ARGS__) : qo_rows(__VA_ARGS__))
+#define QO_ROWS(...) (J->amx ? qa_rows(__VA_ARGS__, CS + np * 64 + p * 64) : qo_rows(__VA_ARGS__))
 #else
 #define QO_ROWS qo_rows
 #endif
@@ -614,8 +615,8 @@ _Pragma("omp for schedule(dynamic, 1)")
         const uint8_t *A = (const uint8_t *)J->q + m0 * 2 * J->Kp;
         const int8_t *Pp = P + p * kp4 * 256;
         const int32_t *cs = CS + p * 64;
-        qa_rows(A, 2 * J->Kp, rows, Pp, kp4, cs, lo, 64, cols, tmp);
-        qa_rows(A + J->Kp, 2 * J->Kp, rows, Pp, kp4, cs, hi, 64, cols, tmp);
+        qa_rows(A, 2 * J->Kp, rows, Pp, kp4, cs, lo, 64, cols, tmp, NULL);
+        qa_rows(A + J->Kp, 2 * J->Kp, rows, Pp, kp4, cs, hi, 64, cols, tmp, NULL);
         for (int64_t i = 0; i < rows; i++) {
 #pragma omp simd
             for (int64_t j = 0; j < cols; j++)
@@ -654,12 +655,16 @@ int tsr_qi8_has_amx(void) { return 0; }
  * K >= 2048 (Sapphire Rapids, 2 threads, int_mm: 1.33-1.36x at M = 49, K = 2304-4608, N = 512;
  * 1.44x at M = 64, K = N = 4096; but 0.93x at M = 32 and 0.61x at 17, where the weight's packing
  * and the rows % 16 left to VNNI dominate).  K <= 128 stays on VNNI: a tile step per row block is
- * all there is to amortise the tile loads and stores (0.74x at K = 64, level at 128). */
+ * all there is to amortise the tile loads and stores (0.74x at K = 64, level at 128) -- except a
+ * requantized call (conv2d_int8, linear_int8_requant) at 48 < K <= 64, one tile step, where qa_k64
+ * keeps B loaded and alternates two tile sets: 1.15-1.42x VNNI at K = 64 (M = 49 - 6272, N = 64 -
+ * 384; Sapphire Rapids, one thread), 1.12x at K = 56, 1.04x at 48, 0.76-0.88x at K = 16-32 (the tile's padding
+ * costs what a short VPDPBUSD loop does not). */
 static int qi8_outer(const job_t *J, int vnni_ok, int *amx) {
     *amx = 0;
 #if QI8_VNNI
     if (!J->vnni || J->bits != 8 || J->M <= 16) return 0;
-    *amx = vnni_ok == 1 && J->K > 128 && J->M >= 40 && tsr_qi8_has_amx();
+    *amx = vnni_ok == 1 && (J->K > 128 || (J->rq && J->K > 48 && J->K <= 64)) && J->M >= 40 && tsr_qi8_has_amx();
     return *amx || qo_wanted(J->M, J->K);
 #else
     (void)J; (void)vnni_ok;
@@ -798,7 +803,8 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     int8_t *P = int8p && J.packed ? (int8_t *)J.packed
               : int8p ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
               : outer16 ? (int8_t *)aligned_alloc(64, (size_t)(np * ((K + 1) / 2) * 256)) : NULL;
-    int32_t *CS = int8p ? (int32_t *)aligned_alloc(64, (size_t)(np * 64 * 4)) : NULL;
+    /* the corrections, then (AMX) their negations: qa_k64's C tiles start from them */
+    int32_t *CS = int8p ? (int32_t *)aligned_alloc(64, (size_t)(np * 128 * 4)) : NULL;
     if ((int8p && (!P || !CS)) || (outer16 && !P)) {
         if (!J.packed) free(P);
         free(CS); free(qbuf); free(J.xs);
