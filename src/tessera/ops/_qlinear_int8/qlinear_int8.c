@@ -78,6 +78,9 @@ int tsr_qi8_has_vnni(void) {
 
 enum { SRC_I8 = 8, SRC_I16 = 16 };   /* xkind: 0..2 = float dtypes (quantise), or integer input */
 enum { MB = 4, NB = 4, NP = 64 };
+/* tsr_take's slots (tessera_cpu.h): tsr_qi8_mm_rq's accumulators, qi8_run's per-call buffers, then
+ * its per-thread ones */
+enum { KS_ACC, KS_QBUF, KS_XS, KS_P, KS_CS, KS_BUF, KS_FBUF, KS_TILE, KS_BLK, KS_QB };
 
 typedef struct {
     const char *x; int64_t sx; int xkind, bits, vnni;
@@ -741,7 +744,8 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
     if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J) || qi8_split16(&J, vnni_ok)) {
         rc = qi8_run(J, vnni_ok, nthreads);
     } else {
-        char *acc = (char *)aligned_alloc(64, (size_t)(M * N * (acc64 ? 8 : 4) + 63) & ~(size_t)63);
+        int own;
+        char *acc = (char *)tsr_take(KS_ACC, (size_t)(M * N * (acc64 ? 8 : 4)), &own);
         rc = acc ? TSR_OK : TSR_ENOMEM;
         J.y = acc;
         J.rq = NULL;
@@ -750,7 +754,7 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
             for (int64_t m = 0; m < M; m++) rq_put(&R, acc + m * N * (acc64 ? 8 : 4), acc64, m, 0, N, 0);
         }
-        free(acc);
+        tsr_give(acc, own);
     }
 #ifdef TSR_AVX512
     if (acc64) rq64_free(&k64);
@@ -783,11 +787,11 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
      * pass wrote and re-read MiBs (MobileNetV2's 32x112 -> 16 at batch 8: 1.25x fp32 F.conv2d
      * before, 1.79x after) */
     const int per_chunk = outer && bits == 8 && xkind == SRC_I8 && J.vnni;
-    char *qbuf = in_place || per_chunk ? NULL
-               : (char *)aligned_alloc(64, (size_t)(M * J.Kp * es + 64) & ~(size_t)63);
+    int own_q = 0, own_xs, own_p = 0, own_cs = 0;   /* kept scratch (tsr_take) or freed here */
+    char *qbuf = in_place || per_chunk ? NULL : (char *)tsr_take(KS_QBUF, (size_t)(M * J.Kp * es + 64), &own_q);
     J.q = in_place ? (char *)J.x : qbuf;
-    J.xs = tsr_scratch(M);
-    if ((!J.q && !per_chunk) || !J.xs) { free(qbuf); free(J.xs); return TSR_ENOMEM; }
+    J.xs = (float *)tsr_take(KS_XS, (size_t)M * 4, &own_xs);
+    if ((!J.q && !per_chunk) || !J.xs) { tsr_give(qbuf, own_q); tsr_give(J.xs, own_xs); return TSR_ENOMEM; }
 #if QI8_ARM
     J.arm = qi8_arm_level(vnni_ok, bits);
 #endif
@@ -801,13 +805,13 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int int8p = outer || split16;   /* int8 panels (qo_pack_panel) and their corrections */
     if (!int8p) J.packed = NULL;
     int8_t *P = int8p && J.packed ? (int8_t *)J.packed
-              : int8p ? (int8_t *)aligned_alloc(64, (size_t)(np * k4n * 256))
-              : outer16 ? (int8_t *)aligned_alloc(64, (size_t)(np * ((K + 1) / 2) * 256)) : NULL;
+              : int8p ? (int8_t *)tsr_take(KS_P, (size_t)(np * k4n * 256), &own_p)
+              : outer16 ? (int8_t *)tsr_take(KS_P, (size_t)(np * ((K + 1) / 2) * 256), &own_p) : NULL;
     /* the corrections, then (AMX) their negations: qa_k64's C tiles start from them */
-    int32_t *CS = int8p ? (int32_t *)aligned_alloc(64, (size_t)(np * 128 * 4)) : NULL;
+    int32_t *CS = int8p ? (int32_t *)tsr_take(KS_CS, (size_t)(np * 128 * 4), &own_cs) : NULL;
     if ((int8p && (!P || !CS)) || (outer16 && !P)) {
-        if (!J.packed) free(P);
-        free(CS); free(qbuf); free(J.xs);
+        if (!J.packed) tsr_give(P, own_p);
+        tsr_give(CS, own_cs); tsr_give(qbuf, own_q); tsr_give(J.xs, own_xs);
         return TSR_ENOMEM;
     }
     int failed = 0;
@@ -815,16 +819,17 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
     const int u8rows = bits == 8 && xkind == SRC_I8 && J.vnni && !per_chunk;
     const int64_t u8ch = K >= 4096 ? 1 : 4096 / K;   /* rows a chunk of the up-front pass: ~4 KiB */
     TSR_TEAM(T, reduction(| : failed), {
-        float *buf = xkind < SRC_I8 ? tsr_scratch(K) : NULL;
-        float *fbuf = tsr_scratch(NP);
-        int64_t *tile = (int64_t *)aligned_alloc(64, (size_t)tile_rows * NP * sizeof(int64_t));
+        int own_b = 0, own_f, own_t, own_k = 0, own_qb = 0;   /* this thread's kept scratch (tsr_take) */
+        float *buf = xkind < SRC_I8 ? (float *)tsr_take(KS_BUF, (size_t)K * 4, &own_b) : NULL;
+        float *fbuf = (float *)tsr_take(KS_FBUF, NP * 4, &own_f);
+        int64_t *tile = (int64_t *)tsr_take(KS_TILE, (size_t)tile_rows * NP * sizeof(int64_t), &own_t);
         /* outer16: one int32 block; split16: three (lo, hi, qa_rows' scratch) */
         int32_t *blk16 = outer16 || split16
-            ? (int32_t *)aligned_alloc(64, (size_t)(split16 ? 3 : 1) * tile_rows * NP * sizeof(int32_t)) : NULL;
+            ? (int32_t *)tsr_take(KS_BLK, (size_t)(split16 ? 3 : 1) * tile_rows * NP * sizeof(int32_t), &own_k) : NULL;
         if ((outer16 || split16) && !blk16) failed = 1;
         if ((xkind < SRC_I8 && !buf) || !fbuf || !tile) failed = 1;
 #if QI8_VNNI
-        uint8_t *qb = per_chunk ? (uint8_t *)aligned_alloc(64, (size_t)(QO_MC * J.Kp + 64 + 63) & ~(size_t)63) : NULL;
+        uint8_t *qb = per_chunk ? (uint8_t *)tsr_take(KS_QB, (size_t)(QO_MC * J.Kp + 64), &own_qb) : NULL;
 #else
         uint8_t *qb = NULL;   /* per_chunk is the broadcast kernel's, x86 only */
 #endif
@@ -870,10 +875,11 @@ _Pragma("omp for schedule(dynamic, 1)")
             for (int64_t p = 0; p < (N + NP - 1) / NP; p++)
                 if (!failed) gemm_panel(&J, p, tile, fbuf);
         }
-        free(buf); free(fbuf); free(tile); free(blk16); free(qb);
+        tsr_give(buf, own_b); tsr_give(fbuf, own_f); tsr_give(tile, own_t); tsr_give(blk16, own_k);
+        tsr_give(qb, own_qb);
     });
-    free(qbuf); free(J.xs); free(CS);
-    if (!J.packed) free(P);
+    tsr_give(qbuf, own_q); tsr_give(J.xs, own_xs); tsr_give(CS, own_cs);
+    if (!J.packed) tsr_give(P, own_p);
     return failed ? TSR_ENOMEM : TSR_OK;
 }
 
