@@ -305,14 +305,17 @@ def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W, kh):
 
 @pytest.mark.parametrize("C,W,k,stride", [(3, 1, 7, 2), (3, 2, 7, 1), (3, 9, 7, 2), (5, 4, 3, 1), (16, 13, 3, 2),
                                            (2, 6, 5, 3), (3, 11, 3, 2), (7, 5, 3, 1), (4, 8, 4, 1), (3, 24, 3, 2),
-                                           (3, 17, 3, 1), (2, 20, 3, 1), (1, 9, 2, 1)])
+                                           (3, 17, 3, 1), (2, 20, 3, 1), (1, 9, 2, 1), (3, 30, 7, 2), (5, 23, 5, 1),
+                                           (8, 21, 5, 2), (16, 12, 4, 1), (13, 15, 3, 1), (4, 19, 7, 1)])
 @pytest.mark.parametrize("xdt", [torch.int8, torch.int16])
 def test_im2col_tap_runs(C, W, k, stride, xdt):
     """tsr_im2col's one-copy-per-tap-row path (channels-last x, one group, dilation 1): runs cut by
     the padding at either end or both (W < k), rows of padding, against the int64 reference; column
     rows of at most 64 bytes (MobileNetV2's 27-byte stem, 63 and 64 bytes) are built in one register
     from masked loads, int8 and int16 codes; the interior's pixels (no tap column outside the image)
-    two a register where two column rows fit, an odd count of them leaving one."""
+    two a register where two column rows fit, an odd count of them leaving one; interior column rows
+    of 65..256 bytes (ResNet-18's 147-byte stem; 117, 125, 150, 196, 200, 250 and 256 bytes) in two to
+    four registers, a tap row split across two of them."""
     gen = torch.Generator().manual_seed(C * 31 + W)
     O = 8
     lo, hi = (-128, 128) if xdt == torch.int8 else (-32768, 32768)
