@@ -198,6 +198,49 @@ def test_amx_one_step_pointwise_matches_vnni_and_reference(n, K, h, w, N, monkey
     assert want.unique().numel() > 50
 
 
+def test_kept_scratch_across_threads_and_shapes():
+    """qi8_run's scratch kept per thread (tessera_cpu.h tsr_take): calls from four Python threads at
+    once (ctypes releases the GIL), each growing and shrinking its buffers through shapes of
+    different sizes and paths (GEMV, VNNI / AMX broadcast GEMM, requantized 1x1 conv), threads
+    exiting (their buffers freed) and new ones starting; every result exact."""
+    import threading
+    gen = torch.Generator().manual_seed(7)
+    mm = []
+    for M, K, N in [(97, 64, 70), (17, 300, 5), (300, 32, 130), (5, 64, 3), (200, 1000, 40), (3, 4000, 20)]:
+        a = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+        b = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+        mm.append((a, b, (a.long() @ b.long().T).to(torch.int32)))
+    conv = []
+    for n, C, h, O in [(1, 64, 9, 70), (2, 16, 13, 40), (1, 300, 5, 33)]:
+        x = torch.randint(-128, 128, (n, C, h, h), generator=gen, dtype=torch.int8).contiguous(
+            memory_format=torch.channels_last)
+        w = torch.randint(-127, 128, (O, C, 1, 1), generator=gen, dtype=torch.int8)
+        b = torch.randint(-5000, 5000, (O,), generator=gen, dtype=torch.int32)
+        m = torch.randint(2**29, 2**31 - 1, (O,), generator=gen, dtype=torch.int64).to(torch.int32)
+        s = torch.randint(-12, -7, (O,), generator=gen, dtype=torch.int32)
+        args = (x, -3, w, b, m, s, 2)
+        conv.append((args, tessera.conv2d_int8(*args, backend="reference")))
+    bad = []
+
+    def work(seed):
+        for i in range(8):
+            a, b, want = mm[(seed + i) % len(mm)]
+            if not torch.equal(tessera.int_mm(a, b, backend="cpu"), want):
+                bad.append(("int_mm", a.shape, b.shape))
+            args, want = conv[(seed + i) % len(conv)]
+            if not torch.equal(tessera.conv2d_int8(*args, backend="cpu"), want):
+                bad.append(("conv2d_int8", args[0].shape, args[2].shape))
+
+    for _ in range(2):   # a second team of threads after the first exited
+        team = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in team:
+            t.start()
+        for t in team:
+            t.join()
+    work(0)              # and the main thread, whose buffers outlive the others
+    assert not bad, bad
+
+
 # ---------------------------------------------------------------- int_mm
 
 @pytest.mark.parametrize("adtype", [torch.int8, torch.int16])

@@ -236,11 +236,12 @@ static inline float *tsr_scratch(int64_t floats) {
  * Slots are per translation unit and per thread; a caller must not hold one slot twice.  Why: a
  * small requantized conv allocated and freed a 48 KiB GEMM tile and a few smaller buffers per
  * call, and glibc coalesced, consolidated and trimmed them and faulted the pages back in on the
- * next call -- ~1.5 us of a ~3 us fixed cost, on MobileNetV2 layers of 10-60 us.  The buffers
- * are freed when the thread exits (a pthread key's destructor). */
+ * next call: keeping them took 0.4-0.6 us off a ~3 us fixed cost (MobileNetV2's layers run in
+ * 10-60 us).  At most TSR_KEEP_SLOTS x 1 MiB stays with a thread, freed when it exits (a pthread
+ * key's destructor). */
 #include <pthread.h>
 enum { TSR_KEEP_SLOTS = 10 };
-#define TSR_KEEP_MAX ((size_t)4 << 20)
+#define TSR_KEEP_MAX ((size_t)1 << 20)
 typedef struct { void *p[TSR_KEEP_SLOTS]; size_t n[TSR_KEEP_SLOTS]; int keyed; } tsr_keep_t;
 static _Thread_local tsr_keep_t tsr_keep_tls;
 static pthread_key_t tsr_keep_key;

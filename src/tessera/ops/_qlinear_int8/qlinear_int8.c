@@ -661,8 +661,8 @@ int tsr_qi8_has_amx(void) { return 0; }
  * all there is to amortise the tile loads and stores (0.74x at K = 64, level at 128) -- except a
  * requantized call (conv2d_int8, linear_int8_requant) at 48 < K <= 64, one tile step, where qa_k64
  * keeps B loaded and alternates two tile sets: 1.15-1.42x VNNI at K = 64 (M = 49 - 6272, N = 64 -
- * 384; Sapphire Rapids, one thread), 1.12x at K = 56, 1.04x at 48, 0.76-0.88x at K = 16-32 (the tile's padding
- * costs what a short VPDPBUSD loop does not). */
+ * 384; Sapphire Rapids, one thread), 1.12x at K = 56, 1.04x at 48, 0.76-0.88x at K = 16-32 (the
+ * tile's padding costs what a short VPDPBUSD loop does not). */
 static int qi8_outer(const job_t *J, int vnni_ok, int *amx) {
     *amx = 0;
 #if QI8_VNNI
