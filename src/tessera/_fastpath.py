@@ -6,8 +6,10 @@ A tiny eager ``tessera.silu`` cost ~14 us where ``F.silu`` costs ~1.2 us (layer_
 ``torch.empty`` alone costs ~1 us from Python.  So for the one case that dominates inference
 (contiguous CPU tensors, the cpu backend picked automatically), ``silu``, ``gelu``,
 ``swiglu``, ``geglu``, ``softmax``, ``layer_norm``, ``rms_norm`` and ``int_mm`` run their
-undecorated body in C++ (``conv2d`` and ``conv2d_int8`` too, by replaying what their Python
-bodies did for the same signature: ``csrc/fastpath_conv2d.h``, ``csrc/fastpath_conv2d_int8.h``): ATen allocates the outputs and the same C kernel entry point is
+undecorated body in C++ (``conv2d``, ``conv2d_int8`` and ``linear_int8_requant`` too, by
+replaying what their Python bodies did for the same signature: ``csrc/fastpath_conv2d.h``,
+``csrc/fastpath_conv2d_int8.h``, ``csrc/fastpath_linear_int8.h``): ATen allocates the outputs and
+the same C kernel entry point is
 called with the same arguments as the Python launcher.  Everything else goes to the Python
 body unchanged (the C++ function calls it), and :func:`tessera._library.direct` decides, as
 before, whether the body may run outside the custom op at all, so autograd, compile/export,
@@ -52,6 +54,7 @@ _OPS = {
     "conv2d": ("tessera.ops.conv2d", "_conv2d_impl"),
     "conv2d_int8": ("tessera.ops.conv2d_int8", "_impl"),
     "add_int8": ("tessera.ops.add_int8", "_add_int8_impl"),
+    "linear_int8_requant": ("tessera.ops.linear_int8_requant", "_impl"),
 }
 # what the dispatch rule reads (tessera.dispatch): the C++ conv2d twin replays a learned route only
 # while none of these was replaced (csrc/fastpath_conv2d.h); thresholds()'s result is checked too
@@ -88,10 +91,10 @@ def calls() -> int:
 
 
 def learner(op: str):
-    """The extension's ``learn_<op>`` (conv2d: ops/conv2d/cpu.py, conv2d_int8: ops/_requant/cpu.py
-    tell it what each Python-path call did, for the C++ twin to replay on the same signature:
-    csrc/fastpath_conv2d*.h), or None: without the extension, and while a test places or poisons
-    buffers (the twins never run then).  A vendor-route conv launches no kernel, so this is also
+    """The extension's ``learn_<op>`` (conv2d: ops/conv2d/cpu.py, conv2d_int8 and
+    linear_int8_requant: ops/_requant/cpu.py tell it what each Python-path call did, for the C++
+    twin to replay on the same signature: csrc/fastpath_*.h), or None: without the extension,
+    and while a test places or poisons buffers (the twins never run then).  A vendor-route conv launches no kernel, so this is also
     where such a model loads the extension."""
     mod = module()
     if mod is None or _library._PLACE[0] is not None or _library._POISON[0]:

@@ -53,7 +53,8 @@ const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_n
                                   "tsr_glu_fwd", "tsr_qi8_mm", "tsr_conv2d_fwd", "tsr_conv2d_fwd_dw",
                                   "tsr_conv2d_pack", "tsr_qi8_mm_rq", "tsr_im2col", "tsr_transpose_i8",
                                   "tsr_dw_requant", "tsr_dw_requant_k3", "tsr_add_int8"};
-enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, CONV2D_INT8, ADD_INT8, NBODIES };
+enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, CONV2D_INT8, ADD_INT8, LINEAR_I8RQ,
+            NBODIES };
 enum ActKind { KIND_SILU = 0, KIND_GELU = 1, KIND_GELU_TANH = 2 };  // ops/_elementwise: SILU, GELU, GELU_TANH
 
 struct Kernel {
@@ -442,6 +443,7 @@ py::object add_int8(py::handle a_obj, py::handle b_obj, py::handle za_o, py::han
 
 #include "fastpath_conv2d.h"
 #include "fastpath_conv2d_int8.h"
+#include "fastpath_linear_int8.h"
 
 // note(name, isa, address): a kernel entry point cpu.declare() has resolved; unknown names are ignored
 void note(const std::string &name, const std::string &isa, uint64_t address) {
@@ -460,7 +462,8 @@ void note(const std::string &name, const std::string &isa, uint64_t address) {
 void configure(const std::string &best_isa, int64_t nt_min_bytes, int64_t parallel_min, int64_t softmax_scratch,
                int64_t qi8_max_k, py::object override_var, py::dict impls) {
   static const char *names[NBODIES] = {"silu", "softmax", "layer_norm", "rms_norm", "gelu", "swiglu", "geglu",
-                                       "int_mm", "conv2d", "conv2d_int8", "add_int8"};
+                                       "int_mm", "conv2d", "conv2d_int8", "add_int8",
+                                       "linear_int8_requant"};
   g_qi8_max_k = qi8_max_k;
   g_best_isa = best_isa;
   g_nt_min_bytes = nt_min_bytes;
@@ -570,9 +573,11 @@ PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 PyMethodDef g_bodies[] = {TSR_BODY(silu, 2),       TSR_BODY(softmax, 3), TSR_BODY(layer_norm, 6),
                           TSR_BODY(rms_norm, 5),   TSR_BODY(gelu, 3),    TSR_BODY(swiglu, 3),
                           TSR_BODY(geglu, 4),      TSR_BODY(int_mm, 3),  TSR_BODY(add_int8, 15),
-                          // (conv2d and conv2d_int8 are METH_FASTCALL functions themselves: fastpath_conv2d*.h)
+                          // (conv2d, conv2d_int8, linear_int8_requant: METH_FASTCALL functions themselves, fastpath_*.h)
                           {"conv2d", (PyCFunction)(void (*)(void))conv2d, METH_FASTCALL, nullptr},
                           {"conv2d_int8", (PyCFunction)(void (*)(void))conv2d_int8, METH_FASTCALL, nullptr},
+                          {"linear_int8_requant", (PyCFunction)(void (*)(void))linear_int8_requant, METH_FASTCALL,
+                           nullptr},
                           {nullptr, nullptr, 0, nullptr}};
 #undef TSR_BODY
 
@@ -591,4 +596,6 @@ PYBIND11_MODULE(_tsr_fastpath, m) {
   m.def("conv2d_learned", &conv2d_learned);
   m.def("learn_conv2d_int8", &learn_conv2d_int8);
   m.def("conv2d_int8_learned", &conv2d_int8_learned);
+  m.def("learn_linear_int8_requant", &learn_linear_int8_requant);
+  m.def("linear_int8_requant_learned", &linear_int8_requant_learned);
 }

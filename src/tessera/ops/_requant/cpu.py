@@ -55,8 +55,16 @@ def linear_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_po
     wsum = per_tensor(weight, "rowsum", lambda: weight.sum(1, dtype=torch.int64))
     off = _offset_for(weight, "rowsum", wsum, bias, x_zero_point)
     packed = per_tensor(weight, "packed", lambda: _packed(weight)) if M > 16 else None   # the GEMV packs nothing
-    return int_mm_requant(x, weight, multiplier, shift, off, out_zero_point, qmin, qmax, ROUNDING[rounding], out,
-                          packed)
+    int_mm_requant(x, weight, multiplier, shift, off, out_zero_point, qmin, qmax, ROUNDING[rounding], out, packed)
+    if not (weight.is_inference() or (bias is not None and bias.is_inference())):
+        # the C++ twin replays this launch on the next call of the signature (csrc/fastpath_linear_int8.h;
+        # ~55 us of Python glue a call otherwise); it holds weak references to off and packed
+        learn = _fastpath.learner("linear_int8_requant")
+        if learn is not None:
+            acc = torch.int32 if x.dtype == torch.int8 else torch.int64
+            learn((x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype),
+                  *SHIFT_RANGE[acc], off, packed)
+    return out
 
 
 def _packed(weight):

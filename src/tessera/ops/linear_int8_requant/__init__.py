@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
-from ..._library import contiguous, direct, rows, shaped
+from ..._library import SignatureCache, contiguous, direct, plain, rows, shaped
 from ..._registry import Case, OpSpec, register_op, select
 from .._qlinear_int8 import check_k
 from .._requant.ref import linear_forward as _ref_rows
@@ -78,6 +78,9 @@ def _impl(x: Tensor, x_zero_point: int, weight: Tensor, bias: Optional[Tensor], 
 
 
 _op = torch.library.custom_op(f"tessera::{OP}", mutates_args=())(_impl)
+# the public function's normalised arguments per signature (types in the key: True == 1 must not hit
+# 1); plain tensors only (a fake / functional tensor under tracing may carry symbolic sizes)
+_NORMALIZED = SignatureCache()
 
 
 @_op.register_fake
@@ -91,6 +94,14 @@ def linear_int8_requant(x: Tensor, x_zero_point: int, weight: Tensor, bias: Opti
                         qmax: Optional[int] = None, *, rounding: Optional[str] = None,
                         out_dtype: Optional[torch.dtype] = None, backend: Optional[str] = None) -> Tensor:
     """Integer-only linear: requantize((x - x_zp) @ w.T + bias) (module docstring)."""
+    key = None
+    if plain(x, weight):   # the normalisation below depends only on these: remembered per signature
+        key = (x.dtype, type(out_zero_point), out_zero_point, type(qmin), qmin, type(qmax), qmax, rounding, out_dtype,
+               backend)
+        hit = _NORMALIZED.lookup(key)
+        if hit is not None and plain(multiplier, shift) and (bias is None or plain(bias)):
+            return direct(_op, _impl, x, weight, bias, multiplier, shift)(
+                x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, *hit)
     _checks.python_types(OP, {"x": x, "weight": weight, "bias": bias, "multiplier": multiplier, "shift": shift})
     for name, t in (("weight", weight), ("multiplier", multiplier), ("shift", shift)):
         if t is None:
@@ -100,9 +111,11 @@ def linear_int8_requant(x: Tensor, x_zero_point: int, weight: Tensor, bias: Opti
     if out_dtype is None and x.dtype == torch.int16:
         out_dtype = torch.int16
     out_dtype, qmin, qmax, rounding = resolve_out(acc_like, out_zero_point, qmin, qmax, rounding, out_dtype, OP)
+    rest = (qmin, qmax, rounding, out_dtype, _checks.backend_arg(OP, backend))
+    if key is not None:
+        _NORMALIZED.store(key, rest)
     return direct(_op, _impl, x, weight, bias, multiplier, shift)(
-        x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, qmin, qmax, rounding, out_dtype,
-        _checks.backend_arg(OP, backend))
+        x, x_zero_point, weight, bias, multiplier, shift, out_zero_point, *rest)
 
 
 def _ref(x, x_zero_point, weight, bias, multiplier, shift, out_zero_point=0, qmin=None, qmax=None, *,
