@@ -308,14 +308,18 @@ def test_depthwise_int8_k3_tiles(stride, padding, dilation, C, W, kh):
                                            (3, 17, 3, 1), (2, 20, 3, 1), (1, 9, 2, 1), (3, 30, 7, 2), (5, 23, 5, 1),
                                            (8, 21, 5, 2), (16, 12, 4, 1), (13, 15, 3, 1), (4, 19, 7, 1)])
 @pytest.mark.parametrize("xdt", [torch.int8, torch.int16])
-def test_im2col_tap_runs(C, W, k, stride, xdt):
+@pytest.mark.parametrize("fused", [False, True])
+def test_im2col_tap_runs(C, W, k, stride, xdt, fused, monkeypatch):
     """tsr_im2col's one-copy-per-tap-row path (channels-last x, one group, dilation 1): runs cut by
     the padding at either end or both (W < k), rows of padding, against the int64 reference; column
     rows of at most 64 bytes (MobileNetV2's 27-byte stem, 63 and 64 bytes) are built in one register
     from masked loads, int8 and int16 codes; the interior's pixels (no tap column outside the image)
     two a register where two column rows fit, an odd count of them leaving one; interior column rows
     of 65..256 bytes (ResNet-18's 147-byte stem; 117, 125, 150, 196, 200, 250 and 256 bytes) in two to
-    four registers, a tap row split across two of them."""
+    four registers, a tap row split across two of them.  fused: int8 rows made by the GEMM itself
+    (qi8_im2col.h) wherever it takes them (else tsr_im2col, as for int16)."""
+    from tessera.ops._requant import cpu as rq
+    monkeypatch.setattr(rq, "FUSED_MIN_RUN", 1 if fused else 10**9)
     gen = torch.Generator().manual_seed(C * 31 + W)
     O = 8
     lo, hi = (-128, 128) if xdt == torch.int8 else (-32768, 32768)
@@ -328,6 +332,62 @@ def test_im2col_tap_runs(C, W, k, stride, xdt):
     for zp in ((-128, 9) if xdt == torch.int8 else (0,)):
         args = (x, zp, w, b, m, s, 2, stride, k // 2, 1, 1)
         assert torch.equal(tessera.conv2d_int8(*args, backend="cpu"), tessera.conv2d_int8(*args, backend="reference"))
+
+
+@pytest.mark.parametrize("vnni", ["1", "2"])
+def test_fused_im2col_rows_match_the_gathered_matrix(vnni, monkeypatch):
+    """tsr_qi8_conv_rq (qi8_im2col.h) makes a conv's im2col rows chunk by chunk inside the GEMM:
+    the same int8 output, bit for bit, as tsr_im2col's matrix through tsr_qi8_mm_rq and as the
+    reference.  Dense pixels (one run a tap row, cut by the padding on either side or both) and
+    strided pixels or dilated taps (a copy a tap); rows of padding; M across the 96-row chunks
+    with a partial last one; K <= 128 (VNNI) and K > 128 (AMX tiles where the CPU has them,
+    vnni "1"; their 64-byte padded rows) against VPDPBUSD only (vnni "2"); both roundings.
+    Where the call would not take the broadcast GEMM (M <= 16) or x overlaps itself (a
+    broadcast W), it returns False and writes nothing."""
+    from tessera.ops._qlinear_int8.cpu import conv_requant, has_vnni, int_mm_requant
+    from tessera.ops._requant import cpu as rq
+    from tessera.ops.conv2d_int8 import _ref
+    if not has_vnni():
+        pytest.skip("no AVX512-VNNI here: tsr_qi8_conv_rq declines every call (the gathered matrix runs)")
+    monkeypatch.setenv("TESSERA_QI8_VNNI", vnni)
+    gen = torch.Generator().manual_seed(7)
+    cases = [  # (N, C, H, W, O, (kh, kw), stride, padding, dilation, pixel step)
+        (1, 16, 9, 11, 24, (3, 3), (1, 1), (1, 1), (1, 1), 1), (2, 32, 13, 13, 40, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+        (1, 64, 14, 14, 70, (3, 3), (1, 1), (1, 1), (1, 1), 1), (3, 17, 13, 5, 9, (3, 3), (1, 1), (2, 2), (2, 2), 1),
+        (2, 48, 16, 16, 65, (5, 5), (2, 1), (2, 0), (1, 1), 1), (2, 6, 8, 3, 130, (3, 7), (1, 1), (0, 4), (1, 1), 1),
+        (1, 16, 20, 20, 16, (1, 1), (1, 1), (0, 0), (1, 1), 2), (1, 24, 6, 30, 33, (1, 3), (1, 2), (0, 1), (1, 1), 3),
+        (2, 20, 11, 9, 31, (3, 3), (1, 1), (1, 1), (1, 2), 1), (1, 3, 30, 30, 8, (7, 7), (2, 2), (3, 3), (1, 1), 1),
+    ]
+    for N, C, H, W, O, (kh, kw), st, pd, dl, step in cases:
+        x = torch.randint(-128, 128, (N, C, H, W * step), generator=gen, dtype=torch.int8).contiguous(
+            memory_format=torch.channels_last)[..., ::step]
+        w = torch.randint(-128, 128, (O, C, kh, kw), generator=gen, dtype=torch.int8)
+        b = torch.randint(-5000, 5000, (O,), generator=gen, dtype=torch.int32)
+        m = torch.randint(2**29, 2**31 - 1, (O,), generator=gen, dtype=torch.int64).to(torch.int32)
+        s = torch.randint(-14, -8, (O,), generator=gen, dtype=torch.int32)
+        Ho = (H + 2 * pd[0] - dl[0] * (kh - 1) - 1) // st[0] + 1
+        Wo = (W + 2 * pd[1] - dl[1] * (kw - 1) - 1) // st[1] + 1
+        w2 = w.permute(0, 2, 3, 1).reshape(O, -1).contiguous()
+        for zp, rounding in ((-128, 0), (9, 1), (127, 0)):
+            off = b.long() - zp * w2.sum(1, dtype=torch.int64)
+            want = _ref(x, zp, w, b, m, s, -3, st, pd, dl, rounding=("double", "single")[rounding])
+            want = want.permute(0, 2, 3, 1).reshape(-1, O)
+            out = torch.full((N * Ho * Wo, O), 77, dtype=torch.int8)
+            assert conv_requant(x, kh, kw, st, pd, dl, Ho, Wo, zp, w2, m, s, off, -3, -128, 127, rounding, out)
+            assert torch.equal(out, want), (N, C, H, W, kh, kw, st, pd, dl, step, zp)
+            cols = rq.im2col(x, kh, kw, st, pd, dl, Ho, Wo, zp, 1, 1)
+            gathered = int_mm_requant(cols, w2, m, s, off, -3, -128, 127, rounding, torch.empty_like(out))
+            assert torch.equal(gathered, out)
+    # declined: M <= 16, and a broadcast W (stride 0 < C)
+    x = torch.randint(-128, 128, (1, 16, 4, 4), generator=gen, dtype=torch.int8).contiguous(
+        memory_format=torch.channels_last)
+    w2 = torch.randint(-128, 128, (8, 9 * 16), generator=gen, dtype=torch.int8)
+    m, s, off = torch.full((8,), 2**30, dtype=torch.int32), torch.full((8,), -10, dtype=torch.int32), torch.zeros(8, dtype=torch.int64)
+    for xx in (x, x[..., :1].expand(1, 16, 4, 40)):
+        Wo = xx.shape[3]
+        out = torch.full((4 * Wo, 8), 77, dtype=torch.int8)
+        taken = conv_requant(xx, 3, 3, (1, 1), (1, 1), (1, 1), 4, Wo, 0, w2, m, s, off, 0, -128, 127, 0, out)
+        assert not taken and bool((out == 77).all())
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 17, 3, 11), (1, 33, 16, 17), (3, 2, 1, 1), (1, 64, 9, 15)])

@@ -48,11 +48,11 @@ namespace {
 
 // kernels (C entry points) and the Python bodies they stand in for
 enum Slot { ACT_FWD, SOFTMAX_FWD, LAYER_NORM_FWD, RMS_NORM_FWD, GLU_FWD, QI8_MM, CONV_FWD, CONV_FWD_DW, CONV_PACK,
-            RQ_MM, RQ_IM2COL, RQ_TRANSPOSE, RQ_DW, RQ_DW_K3, ADD_I8, NSLOTS };
+            RQ_MM, RQ_IM2COL, RQ_TRANSPOSE, RQ_DW, RQ_DW_K3, ADD_I8, RQ_CONV, NSLOTS };
 const char *SLOT_NAMES[NSLOTS] = {"tsr_act_fwd", "tsr_softmax_fwd", "tsr_layer_norm_fwd", "tsr_rms_norm_fwd",
                                   "tsr_glu_fwd", "tsr_qi8_mm", "tsr_conv2d_fwd", "tsr_conv2d_fwd_dw",
                                   "tsr_conv2d_pack", "tsr_qi8_mm_rq", "tsr_im2col", "tsr_transpose_i8",
-                                  "tsr_dw_requant", "tsr_dw_requant_k3", "tsr_add_int8"};
+                                  "tsr_dw_requant", "tsr_dw_requant_k3", "tsr_add_int8", "tsr_qi8_conv_rq"};
 enum Body { SILU, SOFTMAX, LAYER_NORM, RMS_NORM, GELU, SWIGLU, GEGLU, INT_MM, CONV2D, CONV2D_INT8, ADD_INT8, LINEAR_I8RQ,
             NBODIES };
 enum ActKind { KIND_SILU = 0, KIND_GELU = 1, KIND_GELU_TANH = 2 };  // ops/_elementwise: SILU, GELU, GELU_TANH

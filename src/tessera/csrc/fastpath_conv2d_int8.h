@@ -20,6 +20,7 @@
 // Python check applies.  Anything else, or a kernel's error code, runs the Python body.
 
 enum QRoute { Q_GEMM = 1, Q_DW_K3 = 2, Q_DW = 3 };  // ops/_requant/cpu.py: GEMM, DEPTHWISE_K3, DEPTHWISE
+constexpr int Q_FUSED = 2;                           // its im2col flag FUSED: the GEMM makes the rows
 // the key's fields (qconv_signature): x's sizes and strides, weight's sizes, the dtypes, then these
 enum QKeyField { QK_X_ZP = 18, QK_OUT_ZP, QK_STRIDE, QK_PADDING = 22, QK_DILATION = 24, QK_GROUPS = 26, QK_QMIN,
                  QK_QMAX, QK_ROUNDING, QK_OUT_DTYPE, QK_WEIGHT, QCONV_KEY_LEN };
@@ -132,6 +133,26 @@ int qconv_rows(const QConvEntry &e, const QConvKey &k, at::Tensor x, const at::T
                      out.data_ptr(), out.stride(0), out16, threads_for(work));
     });
   }
+  const int vnni = vnni_ok(), bits = x.scalar_type() == at::kChar ? 8 : 16;
+  const int64_t M = N * Ho * Wo, Og = O / groups, Kg = Cg * kh * kw, es = x.element_size();
+  // h0: _requant/cpu.py's _gemm_weight buffer, w2 [O, Kg] then (64-byte aligned) its packed panels
+  const int8_t *w2 = (const int8_t *)h0.data_ptr();
+  const int64_t head = (O * Kg + 63) / 64 * 64;
+  const int8_t *packed = groups == 1 && h0.numel() > head ? w2 + head : nullptr;
+  const int64_t *off = (const int64_t *)h1.data_ptr();
+  if (e.gather == Q_FUSED) {  // _qlinear_int8/cpu.py conv_requant: the GEMM makes the im2col rows
+    void *fn = kernel(RQ_CONV);
+    using F = int (*)(const void *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const int8_t *,
+                      int64_t, const int32_t *, const int32_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
+                      int, void *, int64_t, int, int, const int8_t *);
+    const int64_t work = std::max<int64_t>(M, 16) * O * Kg / 16;
+    return !fn ? -1 : launch(M * O * Kg, [&] {
+      return ((F)fn)(x.data_ptr(), N, C, H, W, x.stride(0), x.stride(2), x.stride(3), kh, kw, stride[0], stride[1],
+                     pd[0], pd[1], dl[0], dl[1], Ho, Wo, x_zp, w2, O, mp, sp, cs, off, o_zp, qmin, qmax, (int)rounding,
+                     out.data_ptr(), out.stride(0), vnni, threads_for(work), packed);
+    });
+  }
   // the GEMM: x's rows as the columns (a pointwise conv of channels-last x), or im2col's
   const void *cols = x.data_ptr();
   int64_t Kc = C;
@@ -156,13 +177,6 @@ int qconv_rows(const QConvEntry &e, const QConvKey &k, at::Tensor x, const at::T
   using F = int (*)(const void *, int64_t, int, int64_t, int64_t, const int8_t *, int64_t, const int32_t *,
                     const int32_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t, int, void *, int64_t, int,
                     int, int, const int8_t *);
-  const int vnni = vnni_ok(), bits = x.scalar_type() == at::kChar ? 8 : 16;
-  const int64_t M = N * Ho * Wo, Og = O / groups, Kg = Cg * kh * kw, es = x.element_size();
-  // h0: _requant/cpu.py's _gemm_weight buffer, w2 [O, Kg] then (64-byte aligned) its packed panels
-  const int8_t *w2 = (const int8_t *)h0.data_ptr();
-  const int64_t head = (O * Kg + 63) / 64 * 64;
-  const int8_t *packed = groups == 1 && h0.numel() > head ? w2 + head : nullptr;
-  const int64_t *off = (const int64_t *)h1.data_ptr();
   for (int64_t g = 0; g < groups && rc == 0; g++) {  // (int_mm_requant per group: cols' and w2's slices)
     const int64_t o0 = g * Og, work = std::max<int64_t>(M, 16) * Og * Kg / 16, pc = cs ? o0 : 0;
     rc = launch(M * Og * Kg, [&] {

@@ -76,6 +76,27 @@ def int_mm_requant(a, b, mult, shift, off, zp, qmin, qmax, rounding, out, packed
     return out
 
 
+def conv_requant(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zp, w2, mult, shift, off, zp, qmin, qmax, rounding,
+                 out, packed=None) -> bool:
+    """``int_mm_requant`` of a conv's im2col rows, each thread making the rows of its chunk as it
+    needs them (tsr_qi8_conv_rq, qi8_im2col.h) instead of reading a gathered matrix: x int8
+    [N, C, H, W] with unit channel stride (channels-last), one group, w2 [O, kh kw C] in (ky, kx,
+    c) column order, out [N Ho Wo, O] int8 rows.  False, with nothing written, where the call
+    would not take the broadcast GEMM (no VNNI, M <= 16): gather the matrix then."""
+    Nb, C, H, W = x.shape
+    N, K = w2.shape
+    f = cpu.declare(_lib(), "tsr_qi8_conv_rq", "p" + "l" * 18 + "plpplplllipliip")
+    M = Nb * Ho * Wo
+    rc = f(cpu.ptr(x), Nb, C, H, W, x.stride(0), x.stride(2), x.stride(3), kh, kw, *stride, *padding, *dilation, Ho,
+           Wo, x_zp, cpu.ptr(w2), N, cpu.ptr(mult), cpu.ptr(shift), int(mult.numel() > 1), cpu.ptr(off), zp, qmin,
+           qmax, rounding, cpu.ptr(out), out.stride(0), _vnni_ok(), cpu.threads_for(max(M, 16) * N * K // 16),
+           None if packed is None else cpu.ptr(packed))
+    if rc == cpu.EINVAL:
+        return False
+    cpu.check_rc(rc, "int8 conv + requantize")
+    return True
+
+
 def pack_bytes(N, K) -> int:
     """Bytes of ``pack_weight``'s buffer for an [N, K] weight: 0 where this build or CPU has no
     VNNI broadcast kernel (nothing to cache)."""

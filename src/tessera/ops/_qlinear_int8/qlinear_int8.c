@@ -67,6 +67,9 @@
 #define QI8_VNNI 0
 #endif
 #define INL static inline __attribute__((always_inline))
+#if QI8_VNNI
+#include "qi8_im2col.h"   /* tsr_qi8_conv_rq's rows, made in the GEMM's row chunks */
+#endif
 
 int tsr_qi8_has_vnni(void) {
 #if QI8_VNNI
@@ -92,6 +95,7 @@ typedef struct {
     int amx;                             /* x86 int8 broadcast GEMM on AMX tiles (qi8_amx.h) */
     const struct rq_s *rq;               /* tsr_qi8_mm_rq: requantized int8 / int16 output, else NULL */
     const int8_t *packed;                /* w's VNNI panels and 128 x column sums (tsr_qi8_pack), or NULL */
+    const struct ic_s *ic;               /* tsr_qi8_conv_rq: x's rows are a conv's im2col rows, made per chunk */
 } job_t;
 
 /* tsr_qi8_mm_rq's requantization (tessera_requant.h): out[m, n] = clamp(MBQM(acc + off[n],
@@ -171,6 +175,12 @@ static inline void u8_row(const uint8_t *src, int64_t K, uint8_t *d, int64_t Kp)
  * with 128) into d: one flat pass where x's rows are contiguous and unpadded, else u8_row.  qi8_run
  * converts all of x this way before the dot micro-kernels, outer_gemm a chunk at a time */
 static void u8_chunk(const job_t *J, int64_t m0, int64_t rows, uint8_t *d) {
+#if QI8_VNNI
+    if (J->ic) {   /* no x to read: the im2col rows, made here */
+        ic_rows(J->ic, m0, rows, d, J->Kp);
+        return;
+    }
+#endif
     if (J->sx == J->K && J->Kp == J->K) {
         const uint8_t *src = (const uint8_t *)J->x + m0 * J->K;
         const int64_t n = rows * J->K;
@@ -715,10 +725,10 @@ int tsr_qi8_mm(const void *x, int64_t sx, int xkind, int bits, int64_t M, int64_
  * (int8 / int16 rows, row stride so): linear_int8_requant and conv2d_int8's GEMM + epilogue.  The
  * broadcast kernel requantizes each tile while it is in cache; the other paths write the exact
  * int32 / int64 accumulators to a scratch buffer first. */
-int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
-                  const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off, int64_t zp, int64_t qmin,
-                  int64_t qmax, int rounding, void *out, int64_t so, int out16, int vnni_ok, int nthreads,
-                  const int8_t *packed) {
+static int mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
+                 const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off, int64_t zp, int64_t qmin,
+                 int64_t qmax, int rounding, void *out, int64_t so, int out16, int vnni_ok, int nthreads,
+                 const int8_t *packed, const struct ic_s *ic) {
     if (M == 0 || N == 0) return TSR_OK;
     /* |sum q w| <= K 2^14: with |off| below INT32_MAX - K 2^14 no int32 sum can overflow, so the
      * saturating int64 add of the contract equals the broadcast kernel's wrapping one */
@@ -739,8 +749,14 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
 #endif
     job_t J = {(const char *)x, sx, bits, bits, vnni_ok && tsr_qi8_has_vnni(), M, K, (K + 63) & ~(int64_t)63, N,
                w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R,
-               packed && !((uintptr_t)packed & 63) ? packed : NULL};
+               packed && !((uintptr_t)packed & 63) ? packed : NULL, ic};
     int amx, rc;
+    if (ic && !qi8_outer(&J, vnni_ok, &amx)) {   /* (before anything is written) */
+#ifdef TSR_AVX512
+        if (acc64) rq64_free(&k64);
+#endif
+        return TSR_EINVAL;
+    }
     if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J) || qi8_split16(&J, vnni_ok)) {
         rc = qi8_run(J, vnni_ok, nthreads);
     } else {
@@ -760,6 +776,41 @@ int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, con
     if (acc64) rq64_free(&k64);
 #endif
     return rc;
+}
+
+int tsr_qi8_mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, const int8_t *w, int64_t N,
+                  const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off, int64_t zp, int64_t qmin,
+                  int64_t qmax, int rounding, void *out, int64_t so, int out16, int vnni_ok, int nthreads,
+                  const int8_t *packed) {
+    return mm_rq(x, sx, bits, M, K, w, N, mult, shift, cs, off, zp, qmin, qmax, rounding, out, so, out16, vnni_ok,
+                 nthreads, packed, NULL);
+}
+
+/* tsr_qi8_mm_rq of a conv's im2col rows without the matrix (qi8_im2col.h): int8 x channels-last
+ * (element (n, c, h, w) at n sn + h sh + w sw + c, sw >= C), one group, weight w [N, kh kw C] in
+ * (ky, kx, c) column order, rows [Nb Ho Wo] of out.  TSR_EINVAL, with nothing written, where the
+ * call would not take the broadcast GEMM (no VNNI, M <= 16, ...): the caller then gathers the
+ * matrix (tsr_im2col) and calls tsr_qi8_mm_rq. */
+int tsr_qi8_conv_rq(const int8_t *x, int64_t Nb, int64_t C, int64_t H, int64_t W, int64_t sn, int64_t sh, int64_t sw,
+                    int64_t kh, int64_t kw, int64_t st_h, int64_t st_w, int64_t pd_h, int64_t pd_w, int64_t dl_h,
+                    int64_t dl_w, int64_t Ho, int64_t Wo, int64_t x_zp, const int8_t *w, int64_t N,
+                    const int32_t *mult, const int32_t *shift, int64_t cs, const int64_t *off, int64_t zp,
+                    int64_t qmin, int64_t qmax, int rounding, void *out, int64_t so, int vnni_ok, int nthreads,
+                    const int8_t *packed) {
+#if QI8_VNNI
+    if (C <= 0 || kh <= 0 || kw <= 0 || sw < C || x_zp < -128 || x_zp > 127) return TSR_EINVAL;
+    const ic_t ic = {x, C, H, W, sn, sh, sw, kh, kw, st_h, st_w, pd_h, pd_w, dl_h, dl_w, Ho, Wo,
+                     (uint8_t)((uint8_t)(int8_t)x_zp ^ 0x80u)};
+    const int64_t K = kh * kw * C;
+    return mm_rq(NULL, K, 8, Nb * Ho * Wo, K, w, N, mult, shift, cs, off, zp, qmin, qmax, rounding, out, so, 0,
+                 vnni_ok, nthreads, packed, &ic);
+#else
+    (void)x; (void)Nb; (void)C; (void)H; (void)W; (void)sn; (void)sh; (void)sw; (void)kh; (void)kw; (void)st_h;
+    (void)st_w; (void)pd_h; (void)pd_w; (void)dl_h; (void)dl_w; (void)Ho; (void)Wo; (void)x_zp; (void)w; (void)N;
+    (void)mult; (void)shift; (void)cs; (void)off; (void)zp; (void)qmin; (void)qmax; (void)rounding; (void)out;
+    (void)so; (void)vnni_ok; (void)nthreads; (void)packed;
+    return TSR_EINVAL;
+#endif
 }
 
 static int qi8_run(job_t J, int vnni_ok, int nthreads) {
@@ -787,6 +838,7 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
      * pass wrote and re-read MiBs (MobileNetV2's 32x112 -> 16 at batch 8: 1.25x fp32 F.conv2d
      * before, 1.79x after) */
     const int per_chunk = outer && bits == 8 && xkind == SRC_I8 && J.vnni;
+    if (J.ic && !per_chunk) return TSR_EINVAL;   /* im2col rows exist only chunk by chunk (u8_chunk) */
     int own_q = 0, own_xs, own_p = 0, own_cs = 0;   /* kept scratch (tsr_take) or freed here */
     char *qbuf = in_place || per_chunk ? NULL : (char *)tsr_take(KS_QBUF, (size_t)(M * J.Kp * es + 64), &own_q);
     J.q = in_place ? (char *)J.x : qbuf;

@@ -17,7 +17,7 @@ import torch
 from ... import _fastpath
 from ..._library import contiguous, new_output, per_tensor
 from ...backends import cpu
-from .._qlinear_int8.cpu import int_mm_requant, pack_bytes, pack_weight
+from .._qlinear_int8.cpu import conv_requant, int_mm_requant, pack_bytes, pack_weight
 from .ref import DTYPES, SHIFT_RANGE  # noqa: F401  (DTYPES: the backend module's)
 
 _SRC = Path(__file__).with_name("requant.c")
@@ -193,13 +193,19 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
         return out
     xr = x.permute(0, 2, 3, 1)
     gather = not (kh == kw == 1 and order and not any(padding) and tuple(stride) == (1, 1) and xr.is_contiguous())
+    w2, wsum, wbuf, packed = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
+    off = _offset_for(weight, ("conv2d_int8", order), wsum, bias, x_zero_point)
+    r = ROUNDING[rounding]
+    if gather and order and groups == 1 and x.dtype == torch.int8 and kw * Cg >= FUSED_MIN_RUN and conv_requant(
+            x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, w2, multiplier, shift, off, out_zero_point,
+            qmin, qmax, r, out, packed):
+        # the GEMM made the im2col rows itself, a chunk at a time (qi8_im2col.h): no matrix in memory
+        _learn(args, GEMM, (sub, pre, FUSED, order, Ho, Wo), (wbuf, off))
+        return out
     if gather:
         cols = im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, groups, order)
     else:
         cols = xr.view(Nb * Ho * Wo, -1)   # a pointwise conv of channels-last x: its rows already are the columns
-    w2, wsum, wbuf, packed = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
-    off = _offset_for(weight, ("conv2d_int8", order), wsum, bias, x_zero_point)
-    r = ROUNDING[rounding]
     if groups == 1:   # no per-group views (five of them were ~6 us a call)
         int_mm_requant(cols, w2, multiplier, shift, off, out_zero_point, qmin, qmax, r, out, packed)
     else:
@@ -216,13 +222,20 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
 
 # what conv_forward did, for the C++ twin of conv2d_int8's body (csrc/fastpath_conv2d_int8.h)
 GEMM, DEPTHWISE_K3, DEPTHWISE = 1, 2, 3
+FUSED = 2   # the im2col flag's value where the GEMM made the rows itself (conv_requant)
+# conv_requant where a tap row's run (kw C bytes) is at least this long: MobileNetV2's 3-channel
+# stem (9-byte runs, 3 a pixel) keeps tsr_im2col, whose interior rows are built whole in registers
+# (the fused rows measured 0.6-0.7x there; ResNet-18's 21-byte stem runs 1.03-1.12x, its 3x3
+# layers' 192-4608-byte runs ~2x in a whole model at batch 8)
+FUSED_MIN_RUN = 16
 
 
 def _learn(args, route, flags, held):
     """Tell the C++ twin what this call did, so the next call of its signature replays it there
     (~60 us of Python glue a call otherwise: most of a batch-1 MobileNetV2 layer).  route: GEMM,
     DEPTHWISE_K3 or DEPTHWISE; flags: (x subsampled (strided 1x1), x made channels-last when it
-    was not, im2col (else x's rows are the GEMM's columns), im2col's column order, Ho, Wo);
+    was not, im2col (0: x's rows are the GEMM's columns, 1: tsr_im2col's matrix, FUSED: rows made
+    by the GEMM), im2col's column order, Ho, Wo);
     held: the two tensors derived from the weight (and bias, x_zp) that the kernel reads -- (wbuf,
     off) (_gemm_weight: w2 and its packed panels), (wf, init) or (wt, off): the twin keeps weak
     references, so a rebuilt derivation is a miss.  Also the stamps of the weight and the bias (per_tensor's), the shift range the Python
