@@ -6,7 +6,8 @@ per-channel int64 offset (bias - x_zp * sum_k w) folded into the requantization:
 GEMM needs no (x - zp) copy that would not fit int8.  The GEMM requantizes its own output
 (tsr_qi8_mm_rq, with csrc/tessera_requant.h's arithmetic): the int32 accumulators never make a
 round trip through memory.  conv2d_int8 is im2col (padding taps hold x_zp) into that GEMM, one
-GEMM per group.
+GEMM per group; for int8 x of one group the GEMM makes the im2col rows itself, chunk by chunk
+(conv_requant: tsr_qi8_conv_rq), rather than read a gathered matrix.
 """
 from __future__ import annotations
 

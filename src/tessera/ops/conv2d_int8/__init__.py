@@ -16,7 +16,9 @@ Layouts: x NCHW or channels-last (any strides; the im2col gather reads them); th
 x's memory format (channels-last x -> channels-last output, else contiguous NCHW).
 Kernels: im2col into rows [N*Ho*Wo, C*kh*kw] (padding = x_zp), then per group one int GEMM of
 ops/_qlinear_int8 (AVX512-VNNI VPDPBUSD / VPDPWSSD on CPU, ``tl.dot`` in Triton) with the
-requantization (and the x_zp * sum w correction) as its epilogue pass.  Depthwise convs skip the
+requantization (and the x_zp * sum w correction) as its epilogue pass; on CPU an int8 conv of one
+group makes those rows inside the GEMM, a row chunk at a time (ops/_qlinear_int8/qi8_im2col.h),
+never the whole matrix in memory.  Depthwise convs skip the
 GEMM on CPU: a direct tap loop, and for 3-wide taps (MobileNet's layers) ops/_requant/dw_int8_k3.h
 (3x3 as VPDPBUSD over four interleaved input rows, else fp32 FMAs, both exact).  No gradient.
 Roofline: read x once and w once, write the output (1 or 2 bytes an element).
