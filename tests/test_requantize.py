@@ -339,7 +339,8 @@ def test_fused_im2col_rows_match_the_gathered_matrix(vnni, monkeypatch):
     """tsr_qi8_conv_rq (qi8_im2col.h) makes a conv's im2col rows chunk by chunk inside the GEMM:
     the same int8 output, bit for bit, as tsr_im2col's matrix through tsr_qi8_mm_rq and as the
     reference.  Dense pixels (one run a tap row, cut by the padding on either side or both) and
-    strided pixels or dilated taps (a copy a tap); rows of padding; M across the 96-row chunks
+    strided pixels or dilated taps (a copy a tap); rows of at most 64 bytes built whole in a
+    register; rows of padding; M across the 96-row chunks
     with a partial last one; K <= 128 (VNNI) and K > 128 (AMX tiles where the CPU has them,
     vnni "1"; their 64-byte padded rows) against VPDPBUSD only (vnni "2"); both roundings.
     Where the call would not take the broadcast GEMM (M <= 16) or x overlaps itself (a
@@ -357,6 +358,9 @@ def test_fused_im2col_rows_match_the_gathered_matrix(vnni, monkeypatch):
         (2, 48, 16, 16, 65, (5, 5), (2, 1), (2, 0), (1, 1), 1), (2, 6, 8, 3, 130, (3, 7), (1, 1), (0, 4), (1, 1), 1),
         (1, 16, 20, 20, 16, (1, 1), (1, 1), (0, 0), (1, 1), 2), (1, 24, 6, 30, 33, (1, 3), (1, 2), (0, 1), (1, 1), 3),
         (2, 20, 11, 9, 31, (3, 3), (1, 1), (1, 1), (1, 2), 1), (1, 3, 30, 30, 8, (7, 7), (2, 2), (3, 3), (1, 1), 1),
+        # whole rows of <= 64 bytes in one register: MobileNetV2's 27-byte stem, 64 and 4 bytes
+        (2, 3, 30, 30, 32, (3, 3), (2, 2), (1, 1), (1, 1), 1), (1, 4, 20, 20, 16, (4, 4), (1, 1), (2, 2), (1, 1), 1),
+        (1, 1, 9, 40, 5, (2, 2), (1, 3), (1, 0), (1, 1), 1),
     ]
     for N, C, H, W, O, (kh, kw), st, pd, dl, step in cases:
         x = torch.randint(-128, 128, (N, C, H, W * step), generator=gen, dtype=torch.int8).contiguous(

@@ -197,7 +197,8 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
     w2, wsum, wbuf, packed = per_tensor(weight, ("conv2d_int8", order), lambda: _gemm_weight(weight, order))
     off = _offset_for(weight, ("conv2d_int8", order), wsum, bias, x_zero_point)
     r = ROUNDING[rounding]
-    if gather and order and groups == 1 and x.dtype == torch.int8 and kw * Cg >= FUSED_MIN_RUN and conv_requant(
+    if gather and order and groups == 1 and x.dtype == torch.int8 and (kw * Cg >= FUSED_MIN_RUN or kh * kw * Cg <= FUSED_ROW_MAX) \
+            and conv_requant(
             x, kh, kw, stride, padding, dilation, Ho, Wo, x_zero_point, w2, multiplier, shift, off, out_zero_point,
             qmin, qmax, r, out, packed):
         # the GEMM made the im2col rows itself, a chunk at a time (qi8_im2col.h): no matrix in memory
@@ -224,11 +225,12 @@ def conv_forward(x, x_zero_point, weight, bias, multiplier, shift, out_zero_poin
 # what conv_forward did, for the C++ twin of conv2d_int8's body (csrc/fastpath_conv2d_int8.h)
 GEMM, DEPTHWISE_K3, DEPTHWISE = 1, 2, 3
 FUSED = 2   # the im2col flag's value where the GEMM made the rows itself (conv_requant)
-# conv_requant where a tap row's run (kw C bytes) is at least this long: MobileNetV2's 3-channel
-# stem (9-byte runs, 3 a pixel) keeps tsr_im2col, whose interior rows are built whole in registers
-# (the fused rows measured 0.6-0.7x there; ResNet-18's 21-byte stem runs 1.03-1.12x, its 3x3
-# layers' 192-4608-byte runs ~2x in a whole model at batch 8)
+# conv_requant where a tap row's run (kw C bytes) is at least FUSED_MIN_RUN long, or the whole row
+# (kh kw C bytes) at most FUSED_ROW_MAX, built in one register (qi8_im2col.h ic_row64).  Copied a
+# run at a time, MobileNetV2's 27-byte stem rows (9-byte runs) measured 0.6-0.7x tsr_im2col;
+# ResNet-18's 147-byte stem rows (21-byte runs) 1.03-1.12x, its 3x3 layers ~2x in a whole model
 FUSED_MIN_RUN = 16
+FUSED_ROW_MAX = 64
 
 
 def _learn(args, route, flags, held):
