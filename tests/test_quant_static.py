@@ -269,3 +269,44 @@ def test_unsupported_layer_reported(caplog):
     assert list(q.qlayers) == ["c2"]
     with torch.no_grad():
         assert sqnr(m(x), q(x)) > 25
+
+
+@pytest.mark.parametrize("dtype,scale,zp,qmin,qmax", [(torch.int8, 0.0173, -5, -128, 127), (torch.int8, 0.25, 3, 3, 127),
+                                                      (torch.int16, 0.001, 0, -32767, 32767)])
+def test_input_codes_in_one_pass_match_the_torch_ops(dtype, scale, zp, qmin, qmax):
+    """The model's float input -> channels-last codes in one native pass (_requant.cpu
+    quantize_channels_last, tsr_quantize_cl) equals QParams.quantize bit for bit: the vector body
+    and the scalar tail, NaN -> 0, +-inf and huge values saturated, ties to even (x.5 of every
+    parity, at the clamp bounds too), subnormals, signed zeros; NCHW, channels-last and
+    W-strided inputs, 1 to 64 channels.  And a model's forward takes it."""
+    from tessera.ops._requant.cpu import quantize_channels_last
+    scale = float(torch.tensor(scale, dtype=torch.float32))
+    qp = S.QParams(scale, zp, qmin, qmax, dtype)
+    g = torch.Generator().manual_seed(3)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1e30, -1e30, 0.0,
+                            -0.0, 126.5, 127.5, -128.5, 3e-39, 1e-45, 127.49999, -127.5, 4.5, 5.5])
+    for shape in [(2, 3, 9, 37), (1, 1, 5, 7), (3, 5, 1, 33), (1, 64, 3, 17), (2, 3, 4, 16)]:
+        x = torch.randn(shape, generator=g) * 3 * scale * (300 if dtype == torch.int16 else 40)
+        flat = x.view(-1)
+        k = min(flat.numel(), 2 * len(special))
+        flat[:k] = special.repeat(2)[:k] * scale
+        flat[-len(special):] = special * scale   # the scalar tail of a row too
+        for xin in (x, x.contiguous(memory_format=torch.channels_last), x.transpose(2, 3).contiguous().transpose(2, 3)):
+            got = quantize_channels_last(xin, scale, zp, qmin, qmax, dtype)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert got.permute(0, 2, 3, 1).is_contiguous()
+            assert torch.equal(got, qp.quantize(xin)), (shape, xin.stride())
+    calls = []
+    orig = S._quantize_input
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    q = tessera.quantize(model, "int8-static", calibration=[torch.randn(2, 3, 8, 8, generator=g)])
+    try:
+        S._quantize_input = lambda layer, x: calls.append(1) or orig(layer, x)
+        x = torch.randn(2, 3, 8, 8, generator=g)
+        with torch.no_grad():
+            y = q(x)
+        S._quantize_input = lambda layer, x: layer.in_q.quantize(x)
+        with torch.no_grad():
+            assert calls and torch.equal(y, q(x))
+    finally:
+        S._quantize_input = orig

@@ -74,6 +74,19 @@ def _packed(weight):
     return pack_weight(weight, torch.empty(nb, dtype=torch.int8)) if nb else None
 
 
+def quantize_channels_last(x, scale, zero_point, qmin, qmax, dtype):
+    """A quantized model's float input x [N, C, H, W] (fp32, any strides, C <= 64) as codes in
+    channels-last memory: clamp(rint(x / scale) + zero_point, qmin, qmax), NaN -> 0, in fp32 (the
+    torch ops of quant/static.py QParams.quantize, bit for bit), in one pass (tsr_quantize_cl)."""
+    N, C, H, W = x.shape
+    out = new_output((N, H, W, C), dtype, x.device)
+    f = cpu.declare(_lib(), "tsr_quantize_cl", "p" + "l" * 8 + "ffffipi")
+    rc = f(cpu.ptr(x), N, C, H, W, *x.stride(), scale, float(zero_point), float(qmin), float(qmax),
+           int(dtype == torch.int16), cpu.ptr(out), cpu.threads_for(x.numel()))
+    cpu.check_rc(rc, "quantize to channels-last codes")
+    return out.permute(0, 3, 1, 2)
+
+
 def im2col(x, kh, kw, stride, padding, dilation, Ho, Wo, pad_value, groups=1, order=0):
     """order 0: columns (c, ky, kx); order 1 (channels-last x): (group, ky, kx, c) -- see requant.c."""
     Nb, C, H, W = x.shape

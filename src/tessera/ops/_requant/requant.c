@@ -580,3 +580,69 @@ int tsr_dw_requant_k3(const int8_t *x, int64_t Nb, int64_t C, int64_t H, int64_t
     return TSR_EINVAL;
 #endif
 }
+
+/* ------------------------------------------------------------------ float -> channels-last codes
+ * tsr_quantize_cl: a quantized model's float input x [N, C, H, W] (fp32, element strides sn, sc,
+ * sh, sw) -> codes [N, H, W, C] (contiguous channels-last, int8 or int16) of
+ *     q = clamp(rint(x / scale) + zp, qmin, qmax),  NaN -> 0 before the rounding
+ * in fp32 arithmetic, step for step the torch ops of quant/static.py QParams.quantize (a true
+ * fp32 division, round half to even, the add and clamp in fp32; every result is an integer fp32
+ * holds exactly, so the conversion does not round).  One pass where those ops and the
+ * channels-last copy after them made seven over a batch-8 input (~3-5 ms of a 40 ms int8
+ * ResNet-18).  A row of each plane at a time into int32 scratch, then interleaved. */
+INL float qcl_one(float v, float scale, float zp, float qmin, float qmax) {
+    float r = v / scale;
+    if (r != r) r = 0.0f;
+    r = rintf(r) + zp;
+    return r < qmin ? qmin : (r > qmax ? qmax : r);
+}
+
+int tsr_quantize_cl(const float *x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sn, int64_t sc, int64_t sh,
+                    int64_t sw, float scale, float zp, float qmin, float qmax, int out16, void *out, int nthreads) {
+    if (N <= 0 || C <= 0 || H <= 0 || W <= 0) return TSR_OK;
+    if (C > 64) return TSR_EINVAL;   /* (the scratch below; a model's input has a few channels) */
+    int rc = TSR_OK;
+#pragma omp parallel num_threads(tsr_threads(nthreads))
+    {
+        int32_t *codes = (int32_t *)malloc((size_t)(C * W) * sizeof(int32_t));
+        if (!codes) {
+#pragma omp atomic write
+            rc = TSR_ENOMEM;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < N * H; r++) {
+            if (!codes) continue;
+            const int64_t n = r / H, h = r % H;
+            for (int64_t c = 0; c < C; c++) {
+                const float *xr = x + n * sn + c * sc + h * sh;
+                int32_t *cr = codes + c * W;
+                int64_t w = 0;
+#ifdef TSR_AVX512
+                if (sw == 1) {
+                    const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps(zp);
+                    const __m512 lo = _mm512_set1_ps(qmin), hi = _mm512_set1_ps(qmax);
+                    for (; w + 16 <= W; w += 16) {
+                        __m512 v = _mm512_div_ps(_mm512_loadu_ps(xr + w), vs);
+                        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);   /* NaN -> 0 */
+                        v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+                        v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+                        _mm512_storeu_si512((void *)(cr + w), _mm512_cvtps_epi32(v));
+                    }
+                }
+#endif
+                for (; w < W; w++) cr[w] = (int32_t)qcl_one(xr[w * sw], scale, zp, qmin, qmax);
+            }
+            if (out16) {
+                int16_t *o = (int16_t *)out + r * W * C;
+                for (int64_t w = 0; w < W; w++)
+                    for (int64_t c = 0; c < C; c++) o[w * C + c] = (int16_t)codes[c * W + w];
+            } else {
+                int8_t *o = (int8_t *)out + r * W * C;
+                for (int64_t w = 0; w < W; w++)
+                    for (int64_t c = 0; c < C; c++) o[w * C + c] = (int8_t)codes[c * W + w];
+            }
+        }
+        free(codes);
+    }
+    return rc;
+}
