@@ -8,8 +8,6 @@ under the test hooks."""
 from __future__ import annotations
 
 import gc
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,14 +16,8 @@ import tessera
 from tessera import _library
 from tessera.ops.linear_int8_requant import _ref
 
-GOLDEN = json.loads((Path(__file__).parent / "golden" / "requant" / "vectors.json").read_text())
-
-
-def _ints(shape, dtype, seed, lo=None, hi=None):
-    info = torch.iinfo(dtype)
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(info.min if lo is None else lo, (info.max if hi is None else hi) + 1, shape, generator=g,
-                         dtype=torch.int64).to(dtype)
+# the golden vectors and the seeded random codes of conv2d_int8's twin tests (a sibling module)
+from test_fastpath_conv2d_int8 import GOLDEN, _ints
 
 
 def _layer(x_dtype, N, K, seed, per_channel=True, bias=True):

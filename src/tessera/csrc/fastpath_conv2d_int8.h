@@ -27,12 +27,69 @@ enum QKeyField { QK_X_ZP = 18, QK_OUT_ZP, QK_STRIDE, QK_PADDING = 22, QK_DILATIO
 using QConvKey = std::array<int64_t, QCONV_KEY_LEN>;
 static_assert(QK_OUT_ZP == 19 && QK_WEIGHT == 31, "qconv_signature's field order");
 
-struct QConvEntry {
+// What every learned integer launch (this file's and fastpath_linear_int8.h's) holds about the
+// call it came from: the stamps of the weight and bias its derived tensors were made from, and
+// the shift range the Python check applies (SHIFT_RANGE of the accumulator's path).
+struct Int8Learned {
+  int64_t shift_lo = 0, shift_hi = 0;
+  Stamp w, b;  // b: only when the call had a bias
+  bool has_bias = false;
+
+  // false for an inference tensor (no version counter to stamp): nothing is learned then
+  bool take(const at::Tensor &wt, const at::Tensor &bt, int64_t lo, int64_t hi) {
+    if (wt.is_inference() || (bt.defined() && bt.is_inference())) return false;
+    shift_lo = lo, shift_hi = hi;
+    w.take(wt);
+    has_bias = bt.defined();
+    if (has_bias) b.take(bt);
+    return true;
+  }
+  // the same weight and bias, unchanged, and scales the kernels can read: int32, contiguous, every
+  // shift inside the range (requantize.check_shift_values, on every call)
+  bool current(const at::Tensor &wt, const at::Tensor &bt, const at::Tensor &m, const at::Tensor &s) const {
+    if (!w.current(wt) || bt.defined() != has_bias || (bt.defined() && !b.current(bt)) ||
+        m.scalar_type() != at::kInt || s.scalar_type() != at::kInt || !m.is_contiguous() || !s.is_contiguous())
+      return false;
+    const int32_t *sp = (const int32_t *)s.data_ptr();
+    for (int64_t i = 0; i < s.numel(); i++)
+      if (sp[i] < shift_lo || sp[i] > shift_hi) return false;
+    return true;
+  }
+};
+
+// the rounding argument as the kernels' mode: 0 "double", 1 "single", -1 anything else
+int64_t rounding_code(PyObject *o) {
+  if (!PyUnicode_CheckExact(o)) return -1;
+  if (PyUnicode_CompareWithASCIIString(o, "double") == 0) return 0;
+  if (PyUnicode_CompareWithASCIIString(o, "single") == 0) return 1;
+  return -1;
+}
+
+// entry k of a learned table, replayed (`replay(entry)`: the output, undefined if stale or a kernel
+// failed): a new reference to the output, else nullptr -- no entry, or a stale one, erased, which
+// the Python body then relearns (it also redoes a call whose replay threw, and reports it)
+template <class Table, class Key, class Replay>
+PyObject *replay_learned(Table &table, const Key &k, Replay replay) {
+  auto it = table.find(k);
+  if (it == table.end()) return nullptr;
+  const auto held = it->second;  // this call's own reference, whatever the table does meanwhile
+  at::Tensor y;
+  try {
+    y = replay(*held);
+  } catch (const std::exception &) {
+    y = at::Tensor();
+  }
+  if (y.defined()) {
+    g_calls++;
+    return THPVariable_Wrap(y);
+  }
+  table.erase(k);
+  return nullptr;
+}
+
+struct QConvEntry : Int8Learned {
   int route = Q_GEMM, sub = 0, pre = 0, gather = 0, order = 0;
   int64_t Ho = 0, Wo = 0;
-  int64_t shift_lo = 0, shift_hi = 0;  // SHIFT_RANGE of the accumulator's path
-  Stamp w, b;                          // b: only when the call had a bias
-  bool has_bias = false;
   std::optional<WeakImpl> held0, held1;  // (wbuf, off), (wf, init) or (wt, off)
 };
 auto *g_qconv_table = new std::unordered_map<QConvKey, std::shared_ptr<QConvEntry>, KeyHash<QCONV_KEY_LEN>>();
@@ -45,11 +102,8 @@ bool qconv_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tenso
       w.dim() != 4 || m.dim() > 1 || s.dim() > 1)
     return false;
   if (a[3] != Py_None && (!cpu_tensor(a[3], b) || b.dim() != 1)) return false;
-  if (!THPDtype_Check(a[14]) || !PyUnicode_CheckExact(a[13])) return false;
-  int64_t rounding = -1;
-  if (PyUnicode_CompareWithASCIIString(a[13], "double") == 0) rounding = 0;
-  if (PyUnicode_CompareWithASCIIString(a[13], "single") == 0) rounding = 1;
-  if (rounding < 0) return false;
+  const int64_t rounding = rounding_code(a[13]);
+  if (!THPDtype_Check(a[14]) || rounding < 0) return false;
   key_tensor_fields(&k[0], x, w, b);
   size_t i = KEY_TENSOR_FIELDS;
   k[i++] = m.numel();
@@ -191,13 +245,8 @@ int qconv_rows(const QConvEntry &e, const QConvKey &k, at::Tensor x, const at::T
 // the call, replayed: undefined if the entry is stale (or a kernel failed)
 at::Tensor qconv_replay(const QConvEntry &e, const QConvKey &k, const at::Tensor &x, const at::Tensor &w,
                         const at::Tensor &b, const at::Tensor &m, const at::Tensor &s) {
-  if (!e.w.current(w) || b.defined() != e.has_bias || (b.defined() && !e.b.current(b)) || !e.held0 ||
-      e.held0->expired() || !e.held1 || e.held1->expired() || m.scalar_type() != at::kInt ||
-      s.scalar_type() != at::kInt || !m.is_contiguous() || !s.is_contiguous())
+  if (!e.current(w, b, m, s) || !e.held0 || e.held0->expired() || !e.held1 || e.held1->expired())
     return at::Tensor();
-  const int32_t *sp = (const int32_t *)s.data_ptr();  // requantize.check_shift_values, every call
-  for (int64_t i = 0; i < s.numel(); i++)
-    if (sp[i] < e.shift_lo || sp[i] > e.shift_hi) return at::Tensor();
   c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> i0 = e.held0->lock(), i1 = e.held1->lock();
   if (!i0 || !i1) return at::Tensor();
   const at::Tensor h0(std::move(i0)), h1(std::move(i1));
@@ -221,22 +270,9 @@ PyObject *conv2d_int8(PyObject *, PyObject *const *a, Py_ssize_t nargs) {
   at::Tensor x, w, b, m, s;
   QConvKey k{};
   if (is_cpu_request(a[15]) && cpu_chosen() && qconv_signature(a, x, w, b, m, s, k) && x.size(0) > 0) {
-    auto it = g_qconv_table->find(k);
-    if (it != g_qconv_table->end()) {
-      const std::shared_ptr<QConvEntry> held = it->second;
-      const QConvEntry &e = *held;
-      at::Tensor y;
-      try {
-        y = qconv_replay(e, k, x, w, b, m, s);
-      } catch (const std::exception &) {  // the Python body redoes the call and reports it
-        y = at::Tensor();
-      }
-      if (y.defined()) {
-        g_calls++;
-        return THPVariable_Wrap(y);
-      }
-      g_qconv_table->erase(k);  // stale: relearned by the Python body
-    }
+    PyObject *y =
+        replay_learned(*g_qconv_table, k, [&](const QConvEntry &e) { return qconv_replay(e, k, x, w, b, m, s); });
+    if (y) return y;
   }
   return PyObject_Vectorcall(g_impl[CONV2D_INT8], a, nargs, nullptr);
 }
@@ -249,20 +285,17 @@ bool learn_conv2d_int8(py::tuple args, int route, py::tuple flags, py::object he
   for (int i = 0; i < 15; i++) a[i] = args[i].ptr();
   at::Tensor x, w, b, m, s, h0, h1;
   QConvKey k{};
-  if (!qconv_signature(a, x, w, b, m, s, k) || !cpu_tensor(held0.ptr(), h0) || !cpu_tensor(held1.ptr(), h1) ||
-      w.is_inference() || (b.defined() && b.is_inference()))
+  if (!qconv_signature(a, x, w, b, m, s, k) || !cpu_tensor(held0.ptr(), h0) || !cpu_tensor(held1.ptr(), h1))
     return false;
-  if (g_qconv_table->size() >= CONV_TABLE_MAX) g_qconv_table->clear();
-  auto held = std::make_shared<QConvEntry>();
-  QConvEntry &e = *held;
-  e.route = route;
   int64_t f[8];
   for (int i = 0; i < 8; i++) f[i] = flags[i].cast<int64_t>();
+  auto held = std::make_shared<QConvEntry>();
+  QConvEntry &e = *held;
+  if (!e.take(w, b, f[6], f[7])) return false;
+  if (g_qconv_table->size() >= CONV_TABLE_MAX) g_qconv_table->clear();
+  e.route = route;
   e.sub = (int)f[0], e.pre = (int)f[1], e.gather = (int)f[2], e.order = (int)f[3];
-  e.Ho = f[4], e.Wo = f[5], e.shift_lo = f[6], e.shift_hi = f[7];
-  e.w.take(w);
-  e.has_bias = b.defined();
-  if (e.has_bias) e.b.take(b);
+  e.Ho = f[4], e.Wo = f[5];
   e.held0 = WeakImpl(h0.getIntrusivePtr());
   e.held1 = WeakImpl(h1.getIntrusivePtr());
   (*g_qconv_table)[k] = std::move(held);

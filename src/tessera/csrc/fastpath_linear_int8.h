@@ -23,10 +23,7 @@ enum LKeyField { LK_X_DTYPE, LK_K, LK_BIG_M, LK_N, LK_W_DTYPE, LK_B_DTYPE, LK_B_
 using LinearKey = std::array<int64_t, LINEAR_KEY_LEN>;
 constexpr int64_t LINEAR_GEMV_MAX_M = 16;  // _requant/cpu.py linear_forward: packed panels only above
 
-struct LinearEntry {
-  int64_t shift_lo = 0, shift_hi = 0;  // SHIFT_RANGE of the accumulator's path
-  Stamp w, b;                          // b: only when the call had a bias
-  bool has_bias = false;
+struct LinearEntry : Int8Learned {  // (fastpath_conv2d_int8.h)
   std::optional<WeakImpl> off, packed;  // packed: absent where the launch read none
 };
 auto *g_linear_table = new std::unordered_map<LinearKey, std::shared_ptr<LinearEntry>, KeyHash<LINEAR_KEY_LEN>>();
@@ -39,11 +36,8 @@ bool linear_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tens
       w.dim() != 2 || m.dim() > 1 || s.dim() > 1)
     return false;
   if (a[3] != Py_None && (!cpu_tensor(a[3], b) || b.dim() != 1)) return false;
-  if (!THPDtype_Check(a[10]) || !PyUnicode_CheckExact(a[9])) return false;
-  int64_t rounding = -1;
-  if (PyUnicode_CompareWithASCIIString(a[9], "double") == 0) rounding = 0;
-  if (PyUnicode_CompareWithASCIIString(a[9], "single") == 0) rounding = 1;
-  if (rounding < 0) return false;
+  const int64_t rounding = rounding_code(a[9]);
+  if (!THPDtype_Check(a[10]) || rounding < 0) return false;
   const int64_t K = x.size(-1), M = K ? x.numel() / K : 0;
   k[LK_X_DTYPE] = (int64_t)x.scalar_type();
   k[LK_K] = K;
@@ -66,13 +60,7 @@ bool linear_signature(PyObject *const *a, at::Tensor &x, at::Tensor &w, at::Tens
 // the learned launch (linear_forward's int_mm_requant, argument for argument); undefined if stale
 at::Tensor linear_replay(const LinearEntry &e, const LinearKey &k, const at::Tensor &x, const at::Tensor &w,
                          const at::Tensor &b, const at::Tensor &m, const at::Tensor &s) {
-  if (!e.w.current(w) || b.defined() != e.has_bias ||
-      (b.defined() && !e.b.current(b)) || !e.off || e.off->expired() || (e.packed && e.packed->expired()) ||
-      m.scalar_type() != at::kInt || s.scalar_type() != at::kInt || !m.is_contiguous() || !s.is_contiguous())
-    return at::Tensor();
-  const int32_t *sp = (const int32_t *)s.data_ptr();  // requantize.check_shift_values, every call
-  for (int64_t i = 0; i < s.numel(); i++)
-    if (sp[i] < e.shift_lo || sp[i] > e.shift_hi) return at::Tensor();
+  if (!e.current(w, b, m, s) || !e.off || e.off->expired() || (e.packed && e.packed->expired())) return at::Tensor();
   c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> io = e.off->lock(), ip;
   if (e.packed) ip = e.packed->lock();
   if (!io || (e.packed && !ip)) return at::Tensor();
@@ -90,7 +78,8 @@ at::Tensor linear_replay(const LinearEntry &e, const LinearKey &k, const at::Ten
   const int vnni = vnni_ok();
   const int64_t work = std::max<int64_t>(M, 16) * N * K / 16;
   const int rc = launch(M * N * K, [&] {
-    return ((F)fn)(x.data_ptr(), K, bits, M, K, (const int8_t *)w.data_ptr(), N, (const int32_t *)m.data_ptr(), sp,
+    return ((F)fn)(x.data_ptr(), K, bits, M, K, (const int8_t *)w.data_ptr(), N, (const int32_t *)m.data_ptr(),
+                   (const int32_t *)s.data_ptr(),
                    m.numel() > 1, (const int64_t *)off.data_ptr(), k[LK_OUT_ZP], k[LK_QMIN], k[LK_QMAX],
                    (int)k[LK_ROUNDING], y.data_ptr(), N, out16, vnni, threads_for(work),
                    packed.defined() ? (const int8_t *)packed.data_ptr() : nullptr);
@@ -109,21 +98,9 @@ PyObject *linear_int8_requant(PyObject *, PyObject *const *a, Py_ssize_t nargs) 
   // (a non-contiguous or empty x is not covered: the Python body copies it or returns early)
   if (is_cpu_request(a[11]) && cpu_chosen() && linear_signature(a, x, w, b, m, s, k) && x.is_contiguous() &&
       x.numel() > 0) {
-    auto it = g_linear_table->find(k);
-    if (it != g_linear_table->end()) {
-      const std::shared_ptr<LinearEntry> held = it->second;
-      at::Tensor y;
-      try {
-        y = linear_replay(*held, k, x, w, b, m, s);
-      } catch (const std::exception &) {  // the Python body redoes the call and reports it
-        y = at::Tensor();
-      }
-      if (y.defined()) {
-        g_calls++;
-        return THPVariable_Wrap(y);
-      }
-      g_linear_table->erase(k);  // stale: relearned by the Python body
-    }
+    PyObject *y =
+        replay_learned(*g_linear_table, k, [&](const LinearEntry &e) { return linear_replay(e, k, x, w, b, m, s); });
+    if (y) return y;
   }
   return PyObject_Vectorcall(g_impl[LINEAR_I8RQ], a, nargs, nullptr);
 }
@@ -137,15 +114,12 @@ bool learn_linear_int8_requant(py::tuple args, int64_t shift_lo, int64_t shift_h
   at::Tensor x, w, b, m, s, o, p;
   LinearKey k{};
   if (!linear_signature(a, x, w, b, m, s, k) || !cpu_tensor(off.ptr(), o) ||
-      (!packed.is_none() && !cpu_tensor(packed.ptr(), p)) || w.is_inference() || (b.defined() && b.is_inference()))
+      (!packed.is_none() && !cpu_tensor(packed.ptr(), p)))
     return false;
-  if (g_linear_table->size() >= CONV_TABLE_MAX) g_linear_table->clear();
   auto held = std::make_shared<LinearEntry>();
   LinearEntry &e = *held;
-  e.shift_lo = shift_lo, e.shift_hi = shift_hi;
-  e.w.take(w);
-  e.has_bias = b.defined();
-  if (e.has_bias) e.b.take(b);
+  if (!e.take(w, b, shift_lo, shift_hi)) return false;
+  if (g_linear_table->size() >= CONV_TABLE_MAX) g_linear_table->clear();
   e.off = WeakImpl(o.getIntrusivePtr());
   if (p.defined()) e.packed = WeakImpl(p.getIntrusivePtr());
   (*g_linear_table)[k] = std::move(held);

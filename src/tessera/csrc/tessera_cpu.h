@@ -38,6 +38,22 @@ enum { TSR_OK = 0, TSR_ENOMEM = -1, TSR_EINVAL = -2 };
 
 static inline int tsr_elsize(int dtype) { return dtype == TSR_F32 ? 4 : 2; }
 
+/* Conv geometry along a row, dilation 1 (the im2col gathers: _requant/requant.c, the GEMM's own
+ * rows in _qlinear_int8/qi8_im2col.h).  The taps kx in [*k0, *k1) of an output column whose first
+ * tap reads input column ix0 lie inside [0, W) (*k1 == *k0: none), */
+static inline void tsr_taps_inside(int64_t ix0, int64_t W, int64_t kw, int64_t *k0, int64_t *k1) {
+    *k0 = ix0 < 0 ? (-ix0 < kw ? -ix0 : kw) : 0;
+    *k1 = W - ix0 < kw ? (W - ix0 > *k0 ? W - ix0 : *k0) : kw;
+}
+/* and the interior output columns [*lo, *hi) of Wo, whose every tap lies inside [0, W). */
+static inline void tsr_interior_cols(int64_t W, int64_t kw, int64_t st_w, int64_t pd_w, int64_t Wo, int64_t *lo,
+                                     int64_t *hi) {
+    int64_t l = (pd_w + st_w - 1) / st_w, h = W - kw + pd_w < 0 ? 0 : (W - kw + pd_w) / st_w + 1;
+    l = l < Wo ? l : Wo;
+    *lo = l;
+    *hi = h < l ? l : (h < Wo ? h : Wo);
+}
+
 static inline uint32_t tsr_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float tsr_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 

@@ -55,8 +55,8 @@ VNNI_TARGET INL void ic_fill(uint8_t *d, uint8_t v, int64_t n) {
 VNNI_TARGET INL void ic_row64(const ic_t *I, const int8_t *xn, int64_t oy, int64_t ix0, uint8_t *row, __mmask64 kk,
                               __mmask64 kst) {
     const int64_t C = I->C, kw = I->kw;
-    const int64_t k0 = ix0 < 0 ? (-ix0 < kw ? -ix0 : kw) : 0;
-    const int64_t k1 = I->W - ix0 < kw ? (I->W - ix0 > k0 ? I->W - ix0 : k0) : kw;
+    int64_t k0, k1;
+    tsr_taps_inside(ix0, I->W, kw, &k0, &k1);
     __m512i v = _mm512_set1_epi8((char)(I->pad ^ 0x80u));   /* x_zp: flipped with the rest below */
     for (int64_t ky = 0; ky < I->kh && k1 > k0; ky++) {
         const int64_t iy = oy * I->st_h - I->pd_h + ky * I->dl_h;
@@ -81,9 +81,8 @@ VNNI_TARGET static void ic_rows(const ic_t *I, int64_t m0, int64_t rows, uint8_t
         const __m512i flip = _mm512_set1_epi8((char)0x80), padv = _mm512_set1_epi8((char)(I->pad ^ 0x80u));
         /* interior pixels (every tap column inside the image): tap row ky's run at byte ky run,
          * loaded from a base fixed per image row (tsr_im2col's interior rows, made here) */
-        int64_t oxL = (I->pd_w + I->st_w - 1) / I->st_w, oxR = I->W - kw + I->pd_w < 0 ? 0 : (I->W - kw + I->pd_w) / I->st_w + 1;
-        oxL = oxL < I->Wo ? oxL : I->Wo;
-        oxR = oxR < oxL ? oxL : (oxR < I->Wo ? oxR : I->Wo);
+        int64_t oxL, oxR;
+        tsr_interior_cols(I->W, kw, I->st_w, I->pd_w, I->Wo, &oxL, &oxR);
         const int64_t step = I->st_w * C;
         for (int64_t i = 0; i < rows;) {
             const int64_t seg = rows - i < I->Wo - ox ? rows - i : I->Wo - ox;   /* pixels left in this image row */
@@ -128,8 +127,8 @@ VNNI_TARGET static void ic_rows(const ic_t *I, int64_t m0, int64_t rows, uint8_t
             }
             const int8_t *xr = xn + iy * I->sh;
             if (dense) {   /* taps k0 .. k1 inside the image: one copy; padding either side */
-                const int64_t k0 = ix0 < 0 ? (-ix0 < kw ? -ix0 : kw) : 0;
-                const int64_t k1 = I->W - ix0 < kw ? (I->W - ix0 > k0 ? I->W - ix0 : k0) : kw;
+                int64_t k0, k1;
+                tsr_taps_inside(ix0, I->W, kw, &k0, &k1);
                 if (k0) ic_fill(dst, I->pad, k0 * C);
                 if (k1 > k0) ic_copy_u8(dst + k0 * C, xr + (ix0 + k0) * C, (k1 - k0) * C);
                 if (k1 < kw) ic_fill(dst + k1 * C, I->pad, (kw - k1) * C);

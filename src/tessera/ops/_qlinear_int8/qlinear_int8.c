@@ -751,12 +751,7 @@ static int mm_rq(const void *x, int64_t sx, int bits, int64_t M, int64_t K, cons
                w, NULL, NULL, 0, NULL, -1, NULL, NULL, 0, 0, &R,
                packed && !((uintptr_t)packed & 63) ? packed : NULL, ic};
     int amx, rc;
-    if (ic && !qi8_outer(&J, vnni_ok, &amx)) {   /* (before anything is written) */
-#ifdef TSR_AVX512
-        if (acc64) rq64_free(&k64);
-#endif
-        return TSR_EINVAL;
-    }
+    if (ic && !qi8_outer(&J, vnni_ok, &amx)) return TSR_EINVAL;   /* before anything is written (int8: no k64) */
     if (qi8_outer(&J, vnni_ok, &amx) || qi8_outer16(&J) || qi8_split16(&J, vnni_ok)) {
         rc = qi8_run(J, vnni_ok, nthreads);
     } else {

@@ -162,9 +162,8 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
          * memcpy call (MobileNetV2's stem: 9-byte runs, 3 a pixel) */
 #ifdef TSR_AVX512
         /* interior pixels (every tap column inside the image): ix0 >= 0 and ix0 + kw <= W */
-        int64_t oxL = (pd_w + st_w - 1) / st_w, oxR = W - kw + pd_w < 0 ? 0 : (W - kw + pd_w) / st_w + 1;
-        oxL = oxL < Wo ? oxL : Wo;
-        oxR = oxR < oxL ? oxL : (oxR < Wo ? oxR : Wo);
+        int64_t oxL, oxR;
+        tsr_interior_cols(W, kw, st_w, pd_w, Wo, &oxL, &oxR);
         const int64_t rb = Kc * es, run = kw * C * es;   /* a column row's and a tap row's bytes */
 #endif
 #pragma omp parallel for num_threads(tsr_threads(nthreads)) schedule(static)
@@ -257,7 +256,8 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
 #endif
                 char *row = (char *)cols + (ry * Wo + ox) * Kc * es;
                 const int64_t ix0 = ox * st_w - pd_w;
-                const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < kw ? (W - ix0 > k0 ? W - ix0 : k0) : kw;
+                int64_t k0, k1;   /* (k1 <= k0: every tap a pad) */
+                tsr_taps_inside(ix0, W, kw, &k0, &k1);
 #ifdef TSR_AVX512
                 if (Kc * es <= 64) {   /* the whole column row in one register, one masked store */
                     __m512i v = es == 1 ? _mm512_set1_epi8((char)pad_value) : _mm512_set1_epi16((short)pad_value);
