@@ -198,6 +198,37 @@ def test_amx_one_step_pointwise_matches_vnni_and_reference(n, K, h, w, N, monkey
     assert want.unique().numel() > 50
 
 
+@pytest.mark.parametrize("K", [4, 16, 24, 32, 44, 64])
+@pytest.mark.parametrize("M,N,big", [(40, 1, False), (93, 17, True), (208, 16, False), (301, 70, True)])
+@pytest.mark.parametrize("rounding", ["double", "single"])
+def test_amx_signed_rows_read_in_place(K, M, N, big, rounding, monkeypatch):
+    """qa_direct (qi8_amx.h): the requantized GEMM at K <= 64, K % 4 == 0 on AMX reads int8 x where it
+    lies (TDPBSSD, tiles K bytes wide, no u8 codes), here rows of a strided view (row stride K + 5).
+    The x_zp offset is folded into the C tiles' start, or (`big`: biases near the int32 limits) too
+    large to fold and added by the requantization; M % 16 rows go to VNNI; a half of <= 16 valid
+    columns takes one tile, N = 70 a partial second panel.  Equal to VNNI and to the reference."""
+    from tessera.ops._qlinear_int8 import cpu as qcpu
+    if not qcpu.has_amx():
+        pytest.skip("no AMX-INT8 (or no tile state from the OS) here: the VNNI kernel is tested")
+    gen = torch.Generator().manual_seed(K * 1000 + M + N + len(rounding))   # no two cases alike: stale scratch cannot pass
+    x = torch.randint(-128, 128, (M, K + 5), generator=gen, dtype=torch.int8)[:, 3:K + 3]
+    x[0], x[-1] = -128, 127
+    wt = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    wt[0] = -128
+    b = torch.randint(-5000, 5000, (N,), generator=gen, dtype=torch.int32)
+    if big:
+        b[0], b[1] = 2**31 - 9, -2**31 + 9   # (the last columns stay unsaturated: their values are checked)
+    m = torch.randint(2**29, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-12, -4 if K <= 16 else -7, (N,), generator=gen, dtype=torch.int32)
+    outs = {}
+    for flag in ("1", "2"):
+        monkeypatch.setenv("TESSERA_QI8_VNNI", flag)
+        outs[flag] = tessera.linear_int8_requant(x, -7, wt, b, m, s, 3, rounding=rounding, backend="cpu")
+    want = tessera.linear_int8_requant(x, -7, wt, b, m, s, 3, rounding=rounding, backend="reference")
+    assert torch.equal(outs["1"], want) and torch.equal(outs["2"], want)
+    assert want.unique().numel() > min(50, M * N // 8)
+
+
 def test_kept_scratch_across_threads_and_shapes():
     """qi8_run's scratch kept per thread (tessera_cpu.h tsr_take): calls from four Python threads at
     once (ctypes releases the GIL), each growing and shrinking its buffers through shapes of

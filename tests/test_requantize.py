@@ -341,8 +341,8 @@ def test_fused_im2col_rows_match_the_gathered_matrix(vnni, monkeypatch):
     reference.  Dense pixels (one run a tap row, cut by the padding on either side or both) and
     strided pixels or dilated taps (a copy a tap); rows of at most 64 bytes built whole in a
     register; rows of padding; M across the 96-row chunks
-    with a partial last one; K <= 128 (VNNI) and K > 128 (AMX tiles where the CPU has them,
-    vnni "1"; their 64-byte padded rows) against VPDPBUSD only (vnni "2"); both roundings.
+    with a partial last one; K <= 128 (VNNI) and K > 128 or <= 64 (AMX tiles where the CPU has
+    them, vnni "1"; their 64-byte padded rows) against VPDPBUSD only (vnni "2"); both roundings.
     Where the call would not take the broadcast GEMM (M <= 16) or x overlaps itself (a
     broadcast W), it returns False and writes nothing."""
     from tessera.ops._qlinear_int8.cpu import conv_requant, has_vnni, int_mm_requant
@@ -361,6 +361,9 @@ def test_fused_im2col_rows_match_the_gathered_matrix(vnni, monkeypatch):
         # whole rows of <= 64 bytes in one register: MobileNetV2's 27-byte stem, 64 and 4 bytes
         (2, 3, 30, 30, 32, (3, 3), (2, 2), (1, 1), (1, 1), 1), (1, 4, 20, 20, 16, (4, 4), (1, 1), (2, 2), (1, 1), 1),
         (1, 1, 9, 40, 5, (2, 2), (1, 3), (1, 0), (1, 1), 1),
+        # K <= 64 on AMX tiles K bytes wide (qa_narrow_u8), rows made a 16-row block ahead: two
+        # panels (the second reads the chunk made for the first), a last chunk of 4 rows
+        (1, 3, 24, 24, 70, (3, 3), (1, 1), (1, 1), (1, 1), 1), (1, 3, 10, 10, 40, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     ]
     for N, C, H, W, O, (kh, kw), st, pd, dl, step in cases:
         x = torch.randint(-128, 128, (N, C, H, W * step), generator=gen, dtype=torch.int8).contiguous(

@@ -22,7 +22,8 @@
  * 16; the last rows % 16 go to the VNNI kernel (a tile load of 16 rows would read past the buffer).
  * C is stored to a 32 x 64 int32 scratch, the correction subtracted on the way out.  K <= 64 (one
  * tile step; the requantized GEMM's 48 < K <= 64) runs qa_k64 instead: B loaded once per column
- * half, C started from the negated correction, two tile sets alternating between row blocks.
+ * half, C started from the negated correction, two tile sets alternating between row blocks.  Int8
+ * x at K <= 64 (K % 4 == 0) skips the u8 buffer: qa_direct reads x's rows in place, signed x signed.
  *
  * The OS must grant the tile state once per process (arch_prctl ARCH_REQ_XCOMP_PERM,
  * XFEATURE_XTILEDATA = 18, Linux >= 5.16); each thread loads the tile configuration before its
@@ -141,6 +142,90 @@ static __attribute__((noinline)) void qa_k64(const uint8_t *A, int64_t lda, int6
         QA_STORE(1, o + 16, so);
     }
 }
+/* palette 1 for qa_narrow: C tiles 0-3 16 rows x 64 bytes, A tiles 4-5 16 rows x K bytes (x's own
+ * rows, no padding), B tiles 6-7 K / 4 rows (4-byte groups) x 64 bytes.  K a multiple of 4, <= 64. */
+static void qa_begin_direct(int64_t K) {
+    uint8_t cfg[64] __attribute__((aligned(64))) = {0};
+    cfg[0] = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg[16 + 2 * t] = t == 4 || t == 5 ? (uint8_t)K : 64;
+        cfg[48 + t] = t >= 6 ? (uint8_t)(K / 4) : 16;
+    }
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+#define QA_DPS(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
+
+/* The requantized GEMM at K <= 64 on tiles K bytes wide (qa_begin_direct(K rounded up to 4)), the
+ * rows either
+ *   int8 x read where it lies (qa_direct: K % 4 == 0, pointwise convs and small linears) --
+ *     TDPBSSD multiplies signed x signed bytes, so no u8 conversion pass (u8_chunk was ~20 % of
+ *     MobileNetV2's 32x112 -> 16 at batch 8) and no padding to 64 bytes; init = the folded offset
+ *     (or 0): out = sum q w (+ off);
+ *   or a conv's im2col rows as u8 codes in the chunk buffer (qa_narrow_u8: the 27-byte rows of a
+ *     3-channel 3x3 stem) -- TDPBUSD, init = -cs as qa_k64's: out = sum (q + 128) w - cs;
+ * both exactly the VNNI kernel's wrapping int32 sums.  nblk blocks of 16 rows (stride lda) x `cols`
+ * columns of panel P (its first K / 4 groups) into out (row stride ldo int32), each C tile started
+ * from init by a stride-0 load.  Column halves of 32 as qa_k64 (B loaded once per half, two tile
+ * sets alternating between row blocks); a half of at most 16 valid columns takes one B tile and
+ * one C tile a block. */
+INL void qa_narrow(const int8_t *A, int64_t lda, int64_t nblk, const int8_t *P, int64_t cols, const int32_t *init,
+                   int32_t *out, int64_t ldo, const int u8) {
+#define QA_DPX(c, a, b) do { if (u8) QA_DP(c, a, b); else QA_DPS(c, a, b); } while (0)
+    const int64_t so = 4 * ldo;
+    for (int64_t h = 0; 32 * h < cols; h++) {
+        const int8_t *b = P + 128 * h;
+        const int32_t *nc = init + 32 * h;
+        const int w2 = cols - 32 * h > 16;
+        QA_LOAD(6, b, 256);
+        if (w2) QA_LOAD(7, b + 64, 256);
+        int64_t r = 0;
+        for (; r + 2 <= nblk; r += 2) {
+            const int8_t *a = A + r * 16 * lda;
+            int32_t *o = out + r * 16 * ldo + 32 * h;
+            QA_LOAD(0, nc, 0);
+            QA_LOAD(4, a, lda);
+            QA_DPX(0, 4, 6);
+            QA_STORE(0, o, so);
+            if (w2) {
+                QA_LOAD(1, nc + 16, 0);
+                QA_DPX(1, 4, 7);
+                QA_STORE(1, o + 16, so);
+            }
+            QA_LOAD(2, nc, 0);
+            QA_LOAD(5, a + 16 * lda, lda);
+            QA_DPX(2, 5, 6);
+            QA_STORE(2, o + 16 * ldo, so);
+            if (w2) {
+                QA_LOAD(3, nc + 16, 0);
+                QA_DPX(3, 5, 7);
+                QA_STORE(3, o + 16 * ldo + 16, so);
+            }
+        }
+        if (r < nblk) {
+            int32_t *o = out + r * 16 * ldo + 32 * h;
+            QA_LOAD(0, nc, 0);
+            QA_LOAD(4, A + r * 16 * lda, lda);
+            QA_DPX(0, 4, 6);
+            QA_STORE(0, o, so);
+            if (w2) {
+                QA_LOAD(1, nc + 16, 0);
+                QA_DPX(1, 4, 7);
+                QA_STORE(1, o + 16, so);
+            }
+        }
+    }
+}
+#undef QA_DPX
+static __attribute__((noinline)) void qa_direct(const int8_t *A, int64_t lda, int64_t nblk, const int8_t *P,
+                                                int64_t cols, const int32_t *init, int32_t *out, int64_t ldo) {
+    qa_narrow(A, lda, nblk, P, cols, init, out, ldo, 0);
+}
+static __attribute__((noinline)) void qa_narrow_u8(const uint8_t *A, int64_t lda, int64_t nblk, const int8_t *P,
+                                                   int64_t cols, const int32_t *init, int32_t *out, int64_t ldo) {
+    qa_narrow((const int8_t *)A, lda, nblk, P, cols, init, out, ldo, 1);
+}
+#undef QA_DPS
 #undef QA_LOAD
 #undef QA_STORE
 #undef QA_DP

@@ -96,6 +96,7 @@ typedef struct {
     const struct rq_s *rq;               /* tsr_qi8_mm_rq: requantized int8 / int16 output, else NULL */
     const int8_t *packed;                /* w's VNNI panels and 128 x column sums (tsr_qi8_pack), or NULL */
     const struct ic_s *ic;               /* tsr_qi8_conv_rq: x's rows are a conv's im2col rows, made per chunk */
+    int direct;                          /* AMX, int8 x read in place by TDPBSSD (qa_direct): qa_direct_ok */
 } job_t;
 
 /* tsr_qi8_mm_rq's requantization (tessera_requant.h): out[m, n] = clamp(MBQM(acc + off[n],
@@ -535,10 +536,14 @@ _Pragma("omp for schedule(static)")
         if (J->rq && J->rq->fold)   /* acc + off = acc - (-off): one int32 correction (rq_t.fold) */
             for (int64_t j = 0; j < 64 && p * 64 + j < J->N; j++)
                 CS[p * 64 + j] = (int32_t)((uint32_t)CS[p * 64 + j] - (uint32_t)(int32_t)J->rq->off[p * 64 + j]);
-        for (int64_t j = 0; J->amx && j < 64; j++) CS[np * 64 + p * 64 + j] = (int32_t)(0u - (uint32_t)CS[p * 64 + j]);
+        /* AMX: the C tiles' start -- qa_k64's -cs, or qa_direct's folded offset (signed rows need no 128 cs) */
+        for (int64_t j = 0; J->amx && j < 64; j++)
+            CS[np * 64 + p * 64 + j] = !J->direct || J->ic ? (int32_t)(0u - (uint32_t)CS[p * 64 + j])
+                                     : J->rq->fold && p * 64 + j < J->N ? (int32_t)J->rq->off[p * 64 + j] : 0;
     }
 #if QI8_AMX
-    if (J->amx) qa_begin();
+    if (J->direct) qa_begin_direct((J->K + 3) & ~(int64_t)3);
+    else if (J->amx) qa_begin();
 #define QO_ROWS(...) (J->amx ? qa_rows(__VA_ARGS__, CS + np * 64 + p * 64) : qo_rows(__VA_ARGS__))
 #else
 #define QO_ROWS qo_rows
@@ -550,12 +555,41 @@ _Pragma("omp for schedule(dynamic, 1)")
         const int64_t mc = it / np, p = it % np, m0 = mc * QO_MC, n0 = p * 64;
         const int64_t rows = J->M - m0 < QO_MC ? J->M - m0 : QO_MC, cols = J->N - n0 < 64 ? J->N - n0 : 64;
         const uint8_t *A = (const uint8_t *)J->q + m0 * J->Kp;
-        if (qb) {   /* int8 rows as u8 codes, a chunk at a time into this thread's buffer (qi8_run) */
+        if (qb && !J->direct) {   /* int8 rows as u8 codes, a chunk at a time into this thread's buffer (qi8_run) */
             if (mc != last_mc) u8_chunk(J, m0, rows, qb);
             last_mc = mc;
             A = qb;
         }
         int32_t *tmp = tile + QO_MC * 64;   /* the tile's second half: qo_rows' K-block scratch */
+#if QI8_AMX
+        if (J->direct) {   /* AMX on tiles K bytes wide (qa_narrow): 16-row blocks; the rows % 16 to VNNI */
+            const int64_t full = rows / 16 * 16, K16 = 16 * J->Kp;
+            const int8_t *Pp = P + p * kst * 256;
+            const int32_t *init = CS + np * 64 + p * 64;
+            const int fresh = mc != last_mc;   /* qb holds another chunk's rows */
+            last_mc = mc;
+            if (!J->ic) {   /* x's own rows; only the rows % 16 become u8 codes */
+                qa_direct((const int8_t *)J->x + m0 * J->sx, J->sx, full / 16, Pp, cols, init, tile, 64);
+                if (fresh && full < rows) u8_chunk(J, m0 + full, rows - full, qb + full * J->Kp);
+            } else if (fresh) {
+                /* im2col rows made a 16-row block ahead of the tiles: a tile load waits until the
+                 * stores of the rows it reads have drained (made a whole chunk first, that wait was
+                 * ~2/3 of qa_narrow_u8's time) */
+                u8_chunk(J, m0, rows < 16 ? rows : 16, qb);
+                for (int64_t b = 0; b < full / 16; b++) {
+                    const int64_t nx = rows - (b + 1) * 16;
+                    if (nx > 0) u8_chunk(J, m0 + (b + 1) * 16, nx < 16 ? nx : 16, qb + (b + 1) * K16);
+                    qa_narrow_u8(qb + b * K16, J->Kp, 1, Pp, cols, init, tile + b * 16 * 64, 64);
+                }
+            } else {
+                qa_narrow_u8(qb, J->Kp, full / 16, Pp, cols, init, tile, 64);
+            }
+            if (full < rows)
+                qo_rows(qb + full * J->Kp, J->Kp, rows - full, Pp, k4n, CS + p * 64, tile + full * 64, 64, cols, tmp);
+            rq_tile(J->rq, tile, rows, m0, n0, cols);
+            continue;
+        }
+#endif
         if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
             QO_ROWS(A, J->Kp, rows, P + p * kst * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
             rq_tile(J->rq, tile, rows, m0, n0, cols);
@@ -672,12 +706,20 @@ int tsr_qi8_has_amx(void) { return 0; }
  * requantized call (conv2d_int8, linear_int8_requant) at 48 < K <= 64, one tile step, where qa_k64
  * keeps B loaded and alternates two tile sets: 1.15-1.42x VNNI at K = 64 (M = 49 - 6272, N = 64 -
  * 384; Sapphire Rapids, one thread), 1.12x at K = 56, 1.04x at 48, 0.76-0.88x at K = 16-32 (the
- * tile's padding costs what a short VPDPBUSD loop does not). */
+ * tile's padding costs what a short VPDPBUSD loop does not) -- and int8 x at K <= 64, K % 4 == 0
+ * (qa_direct_ok), whose rows the tiles read in place, K bytes wide, with no u8 conversion pass:
+ * requantized 1x1 convs 1.09-1.50x VNNI at K = 24-64 (MobileNetV2's 32x112 -> 16: 1.26-1.42x at
+ * batch 8, 1.37x at batch 1), level (0.96-1.14x) at K = 16. */
+static int qa_direct_ok(const job_t *J) {
+    return J->rq && J->K <= 64 && (J->ic || (J->xkind == SRC_I8 && J->K % 4 == 0));
+}
+
 static int qi8_outer(const job_t *J, int vnni_ok, int *amx) {
     *amx = 0;
 #if QI8_VNNI
     if (!J->vnni || J->bits != 8 || J->M <= 16) return 0;
-    *amx = vnni_ok == 1 && (J->K > 128 || (J->rq && J->K > 48 && J->K <= 64)) && J->M >= 40 && tsr_qi8_has_amx();
+    *amx = vnni_ok == 1 && (J->K > 128 || (J->rq && J->K > 48 && J->K <= 64) || qa_direct_ok(J)) && J->M >= 40 &&
+           tsr_qi8_has_amx();
     return *amx || qo_wanted(J->M, J->K);
 #else
     (void)J; (void)vnni_ok;
@@ -833,7 +875,8 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
      * pass wrote and re-read MiBs (MobileNetV2's 32x112 -> 16 at batch 8: 1.25x fp32 F.conv2d
      * before, 1.79x after) */
     const int per_chunk = outer && bits == 8 && xkind == SRC_I8 && J.vnni;
-    if (J.ic && !per_chunk) return TSR_EINVAL;   /* im2col rows exist only chunk by chunk (u8_chunk) */
+    if (J.ic && !per_chunk) return TSR_EINVAL;
+    J.direct = per_chunk && J.amx && qa_direct_ok(&J);   /* im2col rows exist only chunk by chunk (u8_chunk) */
     int own_q = 0, own_xs, own_p = 0, own_cs = 0;   /* kept scratch (tsr_take) or freed here */
     char *qbuf = in_place || per_chunk ? NULL : (char *)tsr_take(KS_QBUF, (size_t)(M * J.Kp * es + 64), &own_q);
     J.q = in_place ? (char *)J.x : qbuf;
