@@ -105,6 +105,29 @@ def test_depthwise_vnni_kernel(monkeypatch, stride, padding, C, H, W):
         xs, 1, w, b, m, s, 0, stride, padding, 1, C, backend=be))
 
 
+@pytest.mark.parametrize("stride,H", [(1, 23), (2, 23), (2, 26)])
+def test_depthwise_vnni_kernel_threads(monkeypatch, stride, H):
+    """The row-pair items split across 3 threads (static chunks that start and end inside an
+    image): at stride 2 each item's second quad is the next item's first (dwv_run), so a thread's
+    first item, and each new image, must build it afresh; odd and even Ho (a last item of one row)."""
+    gen = torch.Generator().manual_seed(H + stride)
+    C = 40
+    w = torch.randint(-128, 128, (C, 1, 3, 3), generator=gen, dtype=torch.int8)
+    b = torch.randint(-30000, 30000, (C,), generator=gen, dtype=torch.int32)
+    m = torch.randint(2**30, 2**31 - 1, (C,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(-12, 1, (C,), generator=gen, dtype=torch.int32)
+    x = torch.randint(-128, 128, (3, C, H, 21), generator=gen, dtype=torch.int8).contiguous(
+        memory_format=torch.channels_last)
+    assert x.numel() * 3 >= 1 << 15   # past PARALLEL_MIN_ELEMENTS: the kernel runs on every thread
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        _both(monkeypatch, "TESSERA_DW_VNNI", lambda be: tessera.conv2d_int8(
+            x, 5, w, b, m, s, -2, stride, 1, 1, C, backend=be))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_fp32_double_rounding_sweep(monkeypatch):
     """A 1-column linear (acc = x w + bias, exactly controlled) through the GEMM tile, and the same
     accumulators through tessera.requantize: every int8

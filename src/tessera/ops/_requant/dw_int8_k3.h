@@ -139,7 +139,7 @@ static __attribute__((noinline)) void dwq_row_s2(const dwq_args *a, int64_t r) {
  * column j - pd_w, channel c, plus 128 (uint8, VPDPBUSD's unsigned operand); one VPDPBUSD of a
  * Q column then adds that column's 3 taps for output row oy (weights (w0, w1, w2, 0)) and, at
  * stride 1, another for oy + 1 ((0, w0, w1, w2)): 3 instructions per output and 16 channels where
- * the fp32 kernel takes 9 FMAs and widens every tap's codes (at stride 2 a quad serves one row).
+ * the fp32 kernel takes 9 FMAs and widens every tap's codes (at stride 2, 4.5: dwv_rows).
  * Exact: int32 sums of u8 x s8 products started at init - 128 sum w (the codes' +128), equal to
  * the fp32 kernel's (|sum| < 2^24, the launcher's check); padding reads x_zp + 128, cancelled as
  * there.  Needs AVX512-VNNI (VPDPBUSD) and VBMI (VPERMT2B, the interleave): tsr_dw_requant_k3
@@ -149,7 +149,8 @@ static __attribute__((noinline)) void dwq_row_s2(const dwq_args *a, int64_t r) {
 
 typedef struct {
     const dwq_args *a;
-    const int32_t *wq;     /* [Cp / 16][6][16]: per 16-channel block (w0, w1, w2, 0) for kx 0..2, then (0, w0, w1, w2) */
+    const int32_t *wq;     /* [Cp / 16][9][16]: per 16-channel block, for kx 0..2, (w0, w1, w2, 0), then (0, w0, w1, w2)
+                            * (stride 1: row oy + 1), then (0, 0, w0, w1) and (w2, 0, 0, 0) (stride 2: row oy + 1) */
     const int32_t *init;   /* [Cp]: init - 128 sum w */
     const dwq_rq *rq;      /* [Cp / 16]: each channel block's requantization, formed once a call (~30
                             * instructions a block; formed per row pair it cost MobileNetV2's depthwise
@@ -175,14 +176,13 @@ DWV_TARGET INL void dwv_quads(const __m512i *r, __m512i ilo, __m512i ihi, uint8_
     }
 }
 
-/* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r;
- * nr = 3 (stride 2: the fourth byte meets zero weights) leaves row 3 unread, its bytes the pad's.
+/* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r.
  * Columns outside the image are all pad; inside, rows outside it read the pad too.  The interior
  * columns of an item whose rows all lie inside (all but an image's first and last) take the
  * unchecked loop: whole 64-channel chunks unmasked, x's geometry in locals (Q's uint8_t stores may
  * alias *a, so the compiler reloaded a->sw at every load), ~2/3 of the instructions the checked
  * loop ran a column (~40 % of a stride-2 layer's time was this build). */
-DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q, const int nr) {
+DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q) {
     const dwq_args *a = v->a;
     const int64_t C = a->C, Cp = v->Cp, Wq = v->qbuilt, sw = a->sw, W = a->W, pd_w = a->pd_w;
     const __m512i pad = _mm512_set1_epi8((char)(uint8_t)((int)a->zp + 128)), flip = _mm512_set1_epi8((char)0x80);
@@ -190,9 +190,9 @@ DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t
     const int8_t *rows[4];
     int inside = 1;
     for (int r = 0; r < 4; r++) {
-        const int64_t iy = r < nr ? iy0 + r : -1;
+        const int64_t iy = iy0 + r;
         rows[r] = iy >= 0 && iy < a->H ? a->x + n * a->sn + iy * a->sh : NULL;
-        inside &= r >= nr || rows[r] != NULL;
+        inside &= rows[r] != NULL;
     }
     const int64_t j0 = pd_w < 0 ? 0 : pd_w < Wq ? pd_w : Wq, j1 = pd_w + W < Wq ? pd_w + W : Wq;
     const int64_t cf = C & ~(int64_t)63;   /* whole 64-channel chunks */
@@ -207,8 +207,7 @@ DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t
         __m512i r[4];
         if (inside) {
             for (int64_t c0 = 0; c0 < cf; c0 += 64) {
-                for (int q = 0; q < 4; q++)
-                    r[q] = q < nr ? _mm512_xor_si512(_mm512_loadu_si512(rows[q] + off + c0), flip) : pad;
+                for (int q = 0; q < 4; q++) r[q] = _mm512_xor_si512(_mm512_loadu_si512(rows[q] + off + c0), flip);
                 dwv_quads(r, ilo, ihi, d + c0 * 4, 4);
             }
         } else {
@@ -233,20 +232,28 @@ DWV_TARGET INL void dwv_put4(const dwq_rq *R, const __m512i *ua, const __m512i *
     if (two) dwq_put4(R, ub, n, o1, step);
 }
 
-/* stride 1: output rows oy, oy + 1 (if any) of image n, item = n ceil(Ho / 2) + oy / 2; stride 2:
- * output row oy, item = n Ho + oy */
-DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const int S) {
+/* output rows oy, oy + 1 (if any) of image n, item = n ceil(Ho / 2) + oy / 2.  Stride 1: one quad Q of
+ * input rows iy0 .. iy0 + 3 (iy0 = oy - pd_h) serves both rows, weights (w0, w1, w2, 0) and (0, w0, w1,
+ * w2).  Stride 2: row oy reads input rows iy0 .. iy0 + 2 (iy0 = 2 oy - pd_h) and row oy + 1 rows
+ * iy0 + 2 .. iy0 + 4, so Q (rows iy0 .. iy0 + 3) serves row oy as (w0, w1, w2, 0) and row oy + 1 as
+ * (0, 0, w0, w1), and Qn (rows iy0 + 4 .. iy0 + 7: the next item's Q) adds row oy + 1's last taps as
+ * (w2, 0, 0, 0).  One quad built per two output rows where it was one per row: the build (~57 % of a
+ * stride-2 layer's time) halves for 3 VPDPBUSD more per pixel pair.  have_q: Q already holds this
+ * item's quad (the previous item's Qn: dwv_run's loop). */
+DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, uint8_t *Qn, int have_q, const int S) {
     const dwq_args *a = v->a;
-    const int64_t hp = S == 1 ? (a->Ho + 1) / 2 : a->Ho, n = item / hp, oy = (item % hp) * (3 - S);
+    const int64_t hp = (a->Ho + 1) / 2, n = item / hp, oy = (item % hp) * 2;
     const int64_t Wo = a->Wo, Cp = v->Cp;
-    const int two = S == 1 && oy + 1 < a->Ho, oe = a->out16 ? 2 : 1;
-    dwv_build(v, n, oy * S - a->pd_h, Q, S == 1 ? 4 : 3);
+    const int two = oy + 1 < a->Ho, oe = a->out16 ? 2 : 1;
+    const int64_t iy0 = oy * S - a->pd_h;
+    if (!have_q) dwv_build(v, n, iy0, Q);
+    if (S == 2 && two) dwv_build(v, n, iy0 + 4, Qn);
     for (int64_t c0 = 0; c0 < a->C; c0 += 16) {
-        const __mmask16 kb = rq_tail16(a->C - c0);
         const dwq_rq *R = v->rq + c0 / 16;
-        const int32_t *wb = v->wq + c0 * 6;
+        const int32_t *wb = v->wq + c0 * 9;
         const __m512i wa0 = _mm512_load_si512(wb), wa1 = _mm512_load_si512(wb + 16), wa2 = _mm512_load_si512(wb + 32);
         const __m512i wb0 = _mm512_load_si512(wb + 48), wb1 = _mm512_load_si512(wb + 64), wb2 = _mm512_load_si512(wb + 80);
+        const __m512i wd0 = _mm512_load_si512(wb + 96), wd1 = _mm512_load_si512(wb + 112), wd2 = _mm512_load_si512(wb + 128);
         const __m512i init = _mm512_load_si512(v->init + c0);
         char *o0 = a->out + (((n * a->Ho + oy) * Wo) * a->so + c0) * oe;
         char *o1 = o0 + Wo * a->so * oe;
@@ -254,17 +261,22 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const 
             const int64_t np = Wo - ox0 < DWV_P ? Wo - ox0 : DWV_P;
             __m512i ua[DWV_P], ub[DWV_P];
             for (int p = 0; p < DWV_P; p++) ua[p] = ub[p] = init;
-            const uint8_t *qc = Q + (ox0 * S * Cp + c0) * 4;
+            const uint8_t *qc = Q + (ox0 * S * Cp + c0) * 4, *qn = Qn + (ox0 * S * Cp + c0) * 4;
             /* Q column S ox0 + j feeds output p through kx = j - S p (the last tile reads slack columns) */
 #pragma GCC unroll 17
             for (int j = 0; j < S * (DWV_P - 1) + 3; j++) {
                 const __m512i q = _mm512_load_si512(qc + j * Cp * 4);
+                const __m512i q2 = S == 2 && two ? _mm512_load_si512(qn + j * Cp * 4) : q;
 #pragma GCC unroll 8
                 for (int p = 0; p < DWV_P; p++) {
                     const int k = j - S * p;
                     if (k < 0 || k > 2) continue;
                     ua[p] = _mm512_dpbusd_epi32(ua[p], q, k == 0 ? wa0 : (k == 1 ? wa1 : wa2));
                     if (S == 1) ub[p] = _mm512_dpbusd_epi32(ub[p], q, k == 0 ? wb0 : (k == 1 ? wb1 : wb2));
+                    if (S == 2 && two) {   /* (0, 0, w0, w1) of Q, (w2, 0, 0, 0) of Qn */
+                        ub[p] = _mm512_dpbusd_epi32(ub[p], q, k == 0 ? wb0 : (k == 1 ? wb1 : wb2));
+                        ub[p] = _mm512_dpbusd_epi32(ub[p], q2, k == 0 ? wd0 : (k == 1 ? wd1 : wd2));
+                    }
                 }
             }
             if (R->f8) {   /* four pixels a register; a full tile's count a constant (no store branches) */
@@ -282,10 +294,11 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, const 
 }
 
 DWV_TARGET static __attribute__((noinline)) void dwv_rows_s1(const dwv_args *v, int64_t it, uint8_t *Q) {
-    dwv_rows(v, it, Q, 1);
+    dwv_rows(v, it, Q, Q, 0, 1);
 }
-DWV_TARGET static __attribute__((noinline)) void dwv_rows_s2(const dwv_args *v, int64_t it, uint8_t *Q) {
-    dwv_rows(v, it, Q, 2);
+DWV_TARGET static __attribute__((noinline)) void dwv_rows_s2(const dwv_args *v, int64_t it, uint8_t *Q, uint8_t *Qn,
+                                                             int have_q) {
+    dwv_rows(v, it, Q, Qn, have_q, 2);
 }
 
 /* the 3x3 layers of stride S (1 or 2) through dwv_rows; TSR_EINVAL (the caller then runs the fp32
@@ -293,17 +306,18 @@ DWV_TARGET static __attribute__((noinline)) void dwv_rows_s2(const dwv_args *v, 
 static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vbmi")) return TSR_EINVAL;
     const int64_t C = a->C, Cp = (C + 15) & ~(int64_t)15, qbuilt = S * (a->Wo - 1) + 3, qcols = qbuilt + S * DWV_P;
-    int32_t *wq = (int32_t *)aligned_alloc(64, (size_t)(Cp * 7 * 4));
+    int32_t *wq = (int32_t *)aligned_alloc(64, (size_t)(Cp * 10 * 4));
     dwq_rq *rq = (dwq_rq *)aligned_alloc(64, (size_t)(Cp / 16) * sizeof(dwq_rq));
     if (!wq || !rq) {
         free(wq);
         free(rq);
         return TSR_EINVAL;
     }
-    int32_t *init = wq + Cp * 6;
+    int32_t *init = wq + Cp * 9;
     for (int64_t c0 = 0; c0 < Cp; c0 += 16) rq[c0 / 16] = dwq_rq_init(a, c0, rq_tail16(C - c0));
-    /* per 16-channel block: the taps' codes (exact in wf) as bytes of (w0, w1, w2, 0) dwords, and
-     * (0, w0, w1, w2) = those shifted up a byte; init - 128 sum w */
+    /* per 16-channel block: the taps' codes (exact in wf) as bytes of (w0, w1, w2, 0) dwords, then
+     * (0, w0, w1, w2) = those shifted up a byte, (0, 0, w0, w1) up two, (w2, 0, 0, 0) down two; init -
+     * 128 sum w */
     for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
         const __mmask16 kb = rq_tail16(C - c0);
         const __m512i byte = _mm512_set1_epi32(0xFF);
@@ -315,8 +329,9 @@ static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
                 sum = _mm512_add_epi32(sum, w);
                 d = _mm512_or_si512(d, _mm512_slli_epi32(_mm512_and_si512(w, byte), 8 * ky));
             }
-            _mm512_store_si512(wq + c0 * 6 + kx * 16, d);
-            _mm512_store_si512(wq + c0 * 6 + (3 + kx) * 16, _mm512_slli_epi32(d, 8));
+            _mm512_store_si512(wq + c0 * 9 + kx * 16, d);
+            _mm512_store_si512(wq + c0 * 9 + (3 + kx) * 16, _mm512_slli_epi32(d, S == 1 ? 8 : 16));
+            _mm512_store_si512(wq + c0 * 9 + (6 + kx) * 16, _mm512_srli_epi32(d, 16));
         }
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(kb, a->init + c0));
         _mm512_store_si512(init + c0, _mm512_sub_epi32(i0, _mm512_slli_epi32(sum, 7)));
@@ -330,24 +345,32 @@ static int dwv_run(const dwq_args *a, int64_t Nb, const int S, int nthreads) {
         p8[1][i] = (int8_t)((i & 1 ? 64 : 0) + 32 + ch);
     }
     const dwv_args v = {a, wq, init, rq, Cp, qbuilt, qcols, _mm512_loadu_si512(p8[0]), _mm512_loadu_si512(p8[1])};
-    const int64_t items = Nb * (S == 1 ? (a->Ho + 1) / 2 : a->Ho);
+    const int64_t hp = (a->Ho + 1) / 2, items = Nb * hp;
     const size_t qbytes = (size_t)(qcols * Cp * 4), built = (size_t)(qbuilt * Cp * 4);
     const int nt = tsr_threads(nthreads);
-    /* every thread's Q up front: without the memory the fp32 kernel runs instead (TSR_EINVAL) */
-    uint8_t *Qs = (uint8_t *)aligned_alloc(64, qbytes * (size_t)nt);
+    /* every thread's Q (and Qn) up front: without the memory the fp32 kernel runs instead (TSR_EINVAL) */
+    uint8_t *Qs = (uint8_t *)aligned_alloc(64, qbytes * 2 * (size_t)nt);
     if (!Qs) {
         free(wq);
         free(rq);
         return TSR_EINVAL;
     }
-    for (int t = 0; t < nt; t++) memset(Qs + t * qbytes + built, 0, qbytes - built);   /* slack: read, unused */
+    for (int64_t b = 0; b < 2 * nt; b++) memset(Qs + b * qbytes + built, 0, qbytes - built);   /* slack: read, unused */
 #pragma omp parallel num_threads(nt)
     {
-        uint8_t *Q = Qs + (size_t)omp_get_thread_num() * qbytes;
+        uint8_t *Q = Qs + (size_t)omp_get_thread_num() * 2 * qbytes, *Qn = Q + qbytes;
+        int64_t prev = -2;   /* stride 2: the item whose Qn (this item's Q) was built last */
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            if (S == 1) dwv_rows_s1(&v, it, Q);
-            else dwv_rows_s2(&v, it, Q);
+            if (S == 1) {
+                dwv_rows_s1(&v, it, Q);
+                continue;
+            }
+            dwv_rows_s2(&v, it, Q, Qn, it == prev + 1 && it % hp != 0);
+            uint8_t *t = Q;
+            Q = Qn;
+            Qn = t;
+            prev = it;
         }
     }
     free(Qs);
