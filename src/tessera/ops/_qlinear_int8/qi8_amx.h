@@ -179,41 +179,28 @@ INL void qa_narrow(const int8_t *A, int64_t lda, int64_t nblk, const int8_t *P, 
         const int w2 = cols - 32 * h > 16;
         QA_LOAD(6, b, 256);
         if (w2) QA_LOAD(7, b + 64, 256);
+/* one 16-row block on tile set (C0, C1, AT): C from init, A from a, out at o */
+#define QA_NARROW_BLOCK(C0, C1, AT, a, o)                                                        \
+    do {                                                                                       \
+        QA_LOAD(C0, nc, 0);                                                                    \
+        QA_LOAD(AT, a, lda);                                                                   \
+        QA_DPX(C0, AT, 6);                                                                     \
+        QA_STORE(C0, o, so);                                                                   \
+        if (w2) {                                                                              \
+            QA_LOAD(C1, nc + 16, 0);                                                           \
+            QA_DPX(C1, AT, 7);                                                                 \
+            QA_STORE(C1, (o) + 16, so);                                                        \
+        }                                                                                      \
+    } while (0)
         int64_t r = 0;
-        for (; r + 2 <= nblk; r += 2) {
+        for (; r + 2 <= nblk; r += 2) {   /* two blocks, one on each tile set */
             const int8_t *a = A + r * 16 * lda;
             int32_t *o = out + r * 16 * ldo + 32 * h;
-            QA_LOAD(0, nc, 0);
-            QA_LOAD(4, a, lda);
-            QA_DPX(0, 4, 6);
-            QA_STORE(0, o, so);
-            if (w2) {
-                QA_LOAD(1, nc + 16, 0);
-                QA_DPX(1, 4, 7);
-                QA_STORE(1, o + 16, so);
-            }
-            QA_LOAD(2, nc, 0);
-            QA_LOAD(5, a + 16 * lda, lda);
-            QA_DPX(2, 5, 6);
-            QA_STORE(2, o + 16 * ldo, so);
-            if (w2) {
-                QA_LOAD(3, nc + 16, 0);
-                QA_DPX(3, 5, 7);
-                QA_STORE(3, o + 16 * ldo + 16, so);
-            }
+            QA_NARROW_BLOCK(0, 1, 4, a, o);
+            QA_NARROW_BLOCK(2, 3, 5, a + 16 * lda, o + 16 * ldo);
         }
-        if (r < nblk) {
-            int32_t *o = out + r * 16 * ldo + 32 * h;
-            QA_LOAD(0, nc, 0);
-            QA_LOAD(4, A + r * 16 * lda, lda);
-            QA_DPX(0, 4, 6);
-            QA_STORE(0, o, so);
-            if (w2) {
-                QA_LOAD(1, nc + 16, 0);
-                QA_DPX(1, 4, 7);
-                QA_STORE(1, o + 16, so);
-            }
-        }
+        if (r < nblk) QA_NARROW_BLOCK(0, 1, 4, A + r * 16 * lda, out + r * 16 * ldo + 32 * h);
+#undef QA_NARROW_BLOCK
     }
 }
 #undef QA_DPX
