@@ -210,7 +210,8 @@ def test_amx_signed_rows_read_in_place(K, M, N, big, rounding, monkeypatch):
     from tessera.ops._qlinear_int8 import cpu as qcpu
     if not qcpu.has_amx():
         pytest.skip("no AMX-INT8 (or no tile state from the OS) here: the VNNI kernel is tested")
-    gen = torch.Generator().manual_seed(K * 1000 + M + N + len(rounding))   # no two cases alike: stale scratch cannot pass
+    # no two cases alike (the rounding in the seed too): a stale scratch tile cannot pass
+    gen = torch.Generator().manual_seed(K * 1000 + M + N + len(rounding))
     x = torch.randint(-128, 128, (M, K + 5), generator=gen, dtype=torch.int8)[:, 3:K + 3]
     x[0], x[-1] = -128, 127
     wt = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)

@@ -96,7 +96,7 @@ typedef struct {
     const struct rq_s *rq;               /* tsr_qi8_mm_rq: requantized int8 / int16 output, else NULL */
     const int8_t *packed;                /* w's VNNI panels and 128 x column sums (tsr_qi8_pack), or NULL */
     const struct ic_s *ic;               /* tsr_qi8_conv_rq: x's rows are a conv's im2col rows, made per chunk */
-    int direct;                          /* AMX, int8 x read in place by TDPBSSD (qa_direct): qa_direct_ok */
+    int direct;                          /* AMX tiles K bytes wide (qa_narrow: x in place, or ic's rows): qa_direct_ok */
 } job_t;
 
 /* tsr_qi8_mm_rq's requantization (tessera_requant.h): out[m, n] = clamp(MBQM(acc + off[n],
@@ -706,10 +706,11 @@ int tsr_qi8_has_amx(void) { return 0; }
  * requantized call (conv2d_int8, linear_int8_requant) at 48 < K <= 64, one tile step, where qa_k64
  * keeps B loaded and alternates two tile sets: 1.15-1.42x VNNI at K = 64 (M = 49 - 6272, N = 64 -
  * 384; Sapphire Rapids, one thread), 1.12x at K = 56, 1.04x at 48, 0.76-0.88x at K = 16-32 (the
- * tile's padding costs what a short VPDPBUSD loop does not) -- and int8 x at K <= 64, K % 4 == 0
- * (qa_direct_ok), whose rows the tiles read in place, K bytes wide, with no u8 conversion pass:
- * requantized 1x1 convs 1.09-1.50x VNNI at K = 24-64 (MobileNetV2's 32x112 -> 16: 1.26-1.42x at
- * batch 8, 1.37x at batch 1), level (0.96-1.14x) at K = 16. */
+ * tile's padding costs what a short VPDPBUSD loop does not) -- and any requantized call at K <=
+ * 64 whose rows the tiles can read K bytes wide (qa_direct_ok): int8 x in place, K % 4 == 0, with
+ * no u8 conversion pass (requantized 1x1 convs 1.07-1.50x VNNI at K = 24-64, MobileNetV2's
+ * 32x112 -> 16 1.50x at batch 8 and 1.36x at batch 1; level, 1.01-1.04x, at K = 16), or a conv's
+ * im2col rows (its 27-byte stem rows: 1.04-1.06x). */
 static int qa_direct_ok(const job_t *J) {
     return J->rq && J->K <= 64 && (J->ic || (J->xkind == SRC_I8 && J->K % 4 == 0));
 }
@@ -875,8 +876,8 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
      * pass wrote and re-read MiBs (MobileNetV2's 32x112 -> 16 at batch 8: 1.25x fp32 F.conv2d
      * before, 1.79x after) */
     const int per_chunk = outer && bits == 8 && xkind == SRC_I8 && J.vnni;
-    if (J.ic && !per_chunk) return TSR_EINVAL;
-    J.direct = per_chunk && J.amx && qa_direct_ok(&J);   /* im2col rows exist only chunk by chunk (u8_chunk) */
+    if (J.ic && !per_chunk) return TSR_EINVAL;   /* im2col rows exist only chunk by chunk (u8_chunk) */
+    J.direct = per_chunk && J.amx && qa_direct_ok(&J);
     int own_q = 0, own_xs, own_p = 0, own_cs = 0;   /* kept scratch (tsr_take) or freed here */
     char *qbuf = in_place || per_chunk ? NULL : (char *)tsr_take(KS_QBUF, (size_t)(M * J.Kp * es + 64), &own_q);
     J.q = in_place ? (char *)J.x : qbuf;

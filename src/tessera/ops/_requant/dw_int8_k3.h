@@ -180,8 +180,9 @@ DWV_TARGET INL void dwv_quads(const __m512i *r, __m512i ilo, __m512i ihi, uint8_
  * Columns outside the image are all pad; inside, rows outside it read the pad too.  The interior
  * columns of an item whose rows all lie inside (all but an image's first and last) take the
  * unchecked loop: whole 64-channel chunks unmasked, x's geometry in locals (Q's uint8_t stores may
- * alias *a, so the compiler reloaded a->sw at every load), ~2/3 of the instructions the checked
- * loop ran a column (~40 % of a stride-2 layer's time was this build). */
+ * alias *a, so the compiler reloaded a->sw at every load): 3-8 % of a stride-2 layer, level at
+ * stride 1.  One quad per output row was ~57 % of a stride-2 layer's time (dwv_rows now builds one
+ * per two output rows). */
 DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q) {
     const dwq_args *a = v->a;
     const int64_t C = a->C, Cp = v->Cp, Wq = v->qbuilt, sw = a->sw, W = a->W, pd_w = a->pd_w;
@@ -253,7 +254,8 @@ DWV_TARGET INL void dwv_rows(const dwv_args *v, int64_t item, uint8_t *Q, uint8_
         const int32_t *wb = v->wq + c0 * 9;
         const __m512i wa0 = _mm512_load_si512(wb), wa1 = _mm512_load_si512(wb + 16), wa2 = _mm512_load_si512(wb + 32);
         const __m512i wb0 = _mm512_load_si512(wb + 48), wb1 = _mm512_load_si512(wb + 64), wb2 = _mm512_load_si512(wb + 80);
-        const __m512i wd0 = _mm512_load_si512(wb + 96), wd1 = _mm512_load_si512(wb + 112), wd2 = _mm512_load_si512(wb + 128);
+        const __m512i wd0 = _mm512_load_si512(wb + 96), wd1 = _mm512_load_si512(wb + 112);
+        const __m512i wd2 = _mm512_load_si512(wb + 128);
         const __m512i init = _mm512_load_si512(v->init + c0);
         char *o0 = a->out + (((n * a->Ho + oy) * Wo) * a->so + c0) * oe;
         char *o1 = o0 + Wo * a->so * oe;
