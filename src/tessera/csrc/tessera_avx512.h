@@ -156,5 +156,24 @@ static inline __attribute__((always_inline)) void tsr_v2_store(char *p, tsr_v2f 
     else _mm512_mask_storeu_epi16(p, m, h);
 }
 
+/* One conv pixel's im2col row of at most 64 bytes (one group, dense pixels: a pixel's C channels
+ * adjacent, the taps along a row undilated) built in v, whose bytes start as the padding: tap row
+ * ky's in-image taps [k0, k1) (tsr_taps_inside) land at byte (ky kw + k0) pb, merge-loaded from that
+ * many bytes before their first pixel -- bytes outside the mask are not accessed, so nothing is read
+ * outside x.  xn: the image's first byte; rb / pb: an input row's / a pixel's bytes; iy0 / ix0: the
+ * first tap's input row / column.  Shared by the gathered matrix (_requant/requant.c tsr_im2col)
+ * and the int8 GEMM's own rows (_qlinear_int8/qi8_im2col.h ic_row64). */
+static inline __m512i tsr_v_row_taps(__m512i v, const char *xn, int64_t rb, int64_t pb, int64_t H, int64_t kh,
+                                     int64_t dl_h, int64_t iy0, int64_t kw, int64_t ix0, int64_t k0, int64_t k1) {
+    for (int64_t ky = 0; ky < kh && k1 > k0; ky++) {
+        const int64_t iy = iy0 + ky * dl_h;
+        if (iy < 0 || iy >= H) continue;
+        const int64_t at = (ky * kw + k0) * pb, nb = (k1 - k0) * pb;
+        const __mmask64 k = (nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1)) << at;
+        v = _mm512_mask_loadu_epi8(v, k, xn + iy * rb + (ix0 + k0) * pb - at);
+    }
+    return v;
+}
+
 #endif /* AVX-512 F/BW/VL/DQ */
 #endif /* TESSERA_AVX512_H */

@@ -48,23 +48,16 @@ VNNI_TARGET INL void ic_fill(uint8_t *d, uint8_t v, int64_t n) {
     if (b < n) _mm512_mask_storeu_epi8(d + b, ((__mmask64)1 << (n - b)) - 1, p);
 }
 
-/* one whole row of at most 64 bytes (K <= 64: MobileNetV2's 27-byte stem rows) in one register:
- * tap row ky's in-image run lands at byte (ky kw + k0) C, merge-loaded from that many bytes
- * before its first pixel (the bytes outside the mask are not read); then the u8 flip, 128 past K,
- * one masked store of the row's Kp bytes */
+/* one whole row of at most 64 bytes (K <= 64: MobileNetV2's 27-byte stem rows) in one register
+ * (tsr_v_row_taps, as tsr_im2col builds it), then the u8 flip, 128 past K, one masked store of the
+ * row's Kp bytes */
 VNNI_TARGET INL void ic_row64(const ic_t *I, const int8_t *xn, int64_t oy, int64_t ix0, uint8_t *row, __mmask64 kk,
                               __mmask64 kst) {
-    const int64_t C = I->C, kw = I->kw;
     int64_t k0, k1;
-    tsr_taps_inside(ix0, I->W, kw, &k0, &k1);
-    __m512i v = _mm512_set1_epi8((char)(I->pad ^ 0x80u));   /* x_zp: flipped with the rest below */
-    for (int64_t ky = 0; ky < I->kh && k1 > k0; ky++) {
-        const int64_t iy = oy * I->st_h - I->pd_h + ky * I->dl_h;
-        if (iy < 0 || iy >= I->H) continue;
-        const int64_t at = (ky * kw + k0) * C, nb = (k1 - k0) * C;
-        const __mmask64 k = (nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1)) << at;
-        v = _mm512_mask_loadu_epi8(v, k, xn + iy * I->sh + (ix0 + k0) * C - at);
-    }
+    tsr_taps_inside(ix0, I->W, I->kw, &k0, &k1);
+    __m512i v = tsr_v_row_taps(_mm512_set1_epi8((char)(I->pad ^ 0x80u)),   /* x_zp: flipped with the rest below */
+                               (const char *)xn, I->sh, I->C, I->H, I->kh, I->dl_h, oy * I->st_h - I->pd_h, I->kw, ix0,
+                               k0, k1);
     v = _mm512_mask_mov_epi8(_mm512_set1_epi8((char)0x80), kk, _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)));
     _mm512_mask_storeu_epi8(row, kst, v);
 }

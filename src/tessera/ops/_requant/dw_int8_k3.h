@@ -177,23 +177,19 @@ DWV_TARGET INL void dwv_quads(const __m512i *r, __m512i ilo, __m512i ihi, uint8_
 }
 
 /* Q for input rows iy0 .. iy0 + 3 of image n: [qcols][Cp] dwords, byte r of Q[j][c] from row iy0 + r.
- * Columns outside the image are all pad; inside, rows outside it read the pad too.  The interior
- * columns of an item whose rows all lie inside (all but an image's first and last) take the
- * unchecked loop: whole 64-channel chunks unmasked, x's geometry in locals (Q's uint8_t stores may
- * alias *a, so the compiler reloaded a->sw at every load): 3-8 % of a stride-2 layer, level at
- * stride 1.  One quad per output row was ~57 % of a stride-2 layer's time (dwv_rows now builds one
- * per two output rows). */
+ * Columns outside the image are all pad; inside, rows outside it read the pad too.  Whole 64-channel
+ * chunks load unmasked, x's geometry is in locals (Q's uint8_t stores may alias *a, so the compiler
+ * reloaded a->sw at every load): 3-8 % of a stride-2 layer, level at stride 1.  One quad per output
+ * row was ~57 % of a stride-2 layer's time (dwv_rows now builds one per two output rows). */
 DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t *Q) {
     const dwq_args *a = v->a;
     const int64_t C = a->C, Cp = v->Cp, Wq = v->qbuilt, sw = a->sw, W = a->W, pd_w = a->pd_w;
     const __m512i pad = _mm512_set1_epi8((char)(uint8_t)((int)a->zp + 128)), flip = _mm512_set1_epi8((char)0x80);
     const __m512i ilo = v->ilo, ihi = v->ihi;
     const int8_t *rows[4];
-    int inside = 1;
     for (int r = 0; r < 4; r++) {
         const int64_t iy = iy0 + r;
         rows[r] = iy >= 0 && iy < a->H ? a->x + n * a->sn + iy * a->sh : NULL;
-        inside &= rows[r] != NULL;
     }
     const int64_t j0 = pd_w < 0 ? 0 : pd_w < Wq ? pd_w : Wq, j1 = pd_w + W < Wq ? pd_w + W : Wq;
     const int64_t cf = C & ~(int64_t)63;   /* whole 64-channel chunks */
@@ -206,17 +202,10 @@ DWV_TARGET INL void dwv_build(const dwv_args *v, int64_t n, int64_t iy0, uint8_t
         }
         const int64_t off = (j - pd_w) * sw;
         __m512i r[4];
-        if (inside) {
-            for (int64_t c0 = 0; c0 < cf; c0 += 64) {
-                for (int q = 0; q < 4; q++) r[q] = _mm512_xor_si512(_mm512_loadu_si512(rows[q] + off + c0), flip);
-                dwv_quads(r, ilo, ihi, d + c0 * 4, 4);
-            }
-        } else {
-            for (int64_t c0 = 0; c0 < cf; c0 += 64) {
-                for (int q = 0; q < 4; q++)
-                    r[q] = rows[q] ? _mm512_xor_si512(_mm512_loadu_si512(rows[q] + off + c0), flip) : pad;
-                dwv_quads(r, ilo, ihi, d + c0 * 4, 4);
-            }
+        for (int64_t c0 = 0; c0 < cf; c0 += 64) {
+            for (int q = 0; q < 4; q++)
+                r[q] = rows[q] ? _mm512_xor_si512(_mm512_loadu_si512(rows[q] + off + c0), flip) : pad;
+            dwv_quads(r, ilo, ihi, d + c0 * 4, 4);
         }
         if (kt) {   /* the last C % 64 channels, in (Cp - cf) / 16 blocks */
             for (int q = 0; q < 4; q++)

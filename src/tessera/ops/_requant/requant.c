@@ -260,16 +260,9 @@ int tsr_im2col(const void *x, int es, int64_t Nb, int64_t C, int64_t H, int64_t 
                 tsr_taps_inside(ix0, W, kw, &k0, &k1);
 #ifdef TSR_AVX512
                 if (Kc * es <= 64) {   /* the whole column row in one register, one masked store */
-                    __m512i v = es == 1 ? _mm512_set1_epi8((char)pad_value) : _mm512_set1_epi16((short)pad_value);
-                    for (int64_t ky = 0; ky < kh && k1 > k0; ky++) {
-                        const int64_t iy = oy * st_h - pd_h + ky * dl_h;
-                        if (iy < 0 || iy >= H) continue;
-                        const int64_t at = (ky * kw + k0) * C * es, nb = (k1 - k0) * C * es;
-                        /* the run's bytes land at [at, at + nb): load from at bytes before the run,
-                         * every byte outside the mask suppressed (no access, no fault) */
-                        const __mmask64 k = (nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1)) << at;
-                        v = _mm512_mask_loadu_epi8(v, k, xb + (n * sn + iy * sh + (ix0 + k0) * sw) * es - at);
-                    }
+                    const __m512i v = tsr_v_row_taps(
+                        es == 1 ? _mm512_set1_epi8((char)pad_value) : _mm512_set1_epi16((short)pad_value),
+                        xb + n * sn * es, sh * es, C * es, H, kh, dl_h, oy * st_h - pd_h, kw, ix0, k0, k1);
                     const int64_t rb = Kc * es;
                     _mm512_mask_storeu_epi8(row, rb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << rb) - 1), v);
                     continue;
