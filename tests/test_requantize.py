@@ -361,6 +361,10 @@ def test_fused_im2col_rows_match_the_gathered_matrix(vnni, monkeypatch):
         # whole rows of <= 64 bytes in one register: MobileNetV2's 27-byte stem, 64 and 4 bytes
         (2, 3, 30, 30, 32, (3, 3), (2, 2), (1, 1), (1, 1), 1), (1, 4, 20, 20, 16, (4, 4), (1, 1), (2, 2), (1, 1), 1),
         (1, 1, 9, 40, 5, (2, 2), (1, 3), (1, 0), (1, 1), 1),
+        # rows of <= 32 bytes four pixels at a time (ic_fours, VBMI): 4 tap rows (two zmm sources),
+        # 1 channel at stride 2, a 3-channel stem whose image rows end mid-group
+        (2, 2, 15, 21, 20, (4, 4), (1, 1), (2, 1), (1, 1), 1), (1, 1, 17, 37, 24, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+        (3, 3, 19, 45, 32, (3, 3), (2, 2), (1, 1), (1, 1), 1),
         # K <= 64 on AMX tiles K bytes wide (qa_narrow_u8), rows made a 16-row block ahead: two
         # panels (the second reads the chunk made for the first), a last chunk of 4 rows
         (1, 3, 24, 24, 70, (3, 3), (1, 1), (1, 1), (1, 1), 1), (1, 3, 10, 10, 40, (3, 3), (1, 1), (1, 1), (1, 1), 1),
@@ -430,6 +434,48 @@ def test_fused_gemm_requantize_offset_fold(M, K):
         for xz in (-128, 127):
             got = tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="cpu")
             assert torch.equal(got, tessera.linear_int8_requant(x, xz, w, b, m, s, 5, backend="reference"))
+
+
+@pytest.mark.parametrize("N", [17, 24, 32, 40, 64, 96])
+@pytest.mark.parametrize("vnni", ["1", "2"])
+def test_gemm_requantized_in_registers(monkeypatch, N, vnni):
+    """A requantized int8 GEMM on the VNNI kernel requantizes straight from its accumulators where
+    one K block covers K (qi8_outer_avx512.h: qn2_rq_block, 12 rows x 17-32 columns; qo_rq_block,
+    6 rows x 33-64) and the rows % the block through the int32 tile: M across the 96-row chunks
+    with a partial last block, K = 27 and 600 (one K block) and 1100 (several: the tile path),
+    M = 12 (no broadcast GEMM), panels of 17-64 columns (96: one of each kernel), rows of 32 bytes
+    (one store for two rows) or narrower, per-channel and per-tensor multipliers, offsets folded
+    or not, accumulators on rounding ties (the integer fallback), shifts >= 0 (no f8 form: the tile
+    path), x rows 2K apart, output rows N + 8 apart (nothing written past N), against the
+    reference.  vnni "1" takes AMX tiles where the CPU has them, "2" the VNNI kernel."""
+    from tessera.ops._qlinear_int8.cpu import has_vnni, int_mm_requant
+    if not has_vnni():
+        pytest.skip("no AVX512-VNNI here: the broadcast GEMM does not run")
+    monkeypatch.setenv("TESSERA_QI8_VNNI", vnni)
+    gen = torch.Generator().manual_seed(N)
+    for M, K in ((12, 27), (131, 27), (203, 600), (150, 1100)):
+        x = torch.randint(-128, 128, (M, K), generator=gen, dtype=torch.int8)
+        w = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+        x[1], w[0] = 0, 0                                  # zero sums: ties of bias / 2^e
+        m = torch.randint(2**29, 2**31 - 1, (N,), generator=gen, dtype=torch.int64).to(torch.int32)
+        m[0] = 2**30                                       # x 1/2: bias / 2^(e+1) ties
+        s = torch.randint(-14, -6, (N,), generator=gen, dtype=torch.int32)
+        b = torch.randint(-5000, 5000, (N,), generator=gen, dtype=torch.int32)
+        b[0] = 3 * 2**10                                   # odd multiple of 2^(e-1) for e = 11
+        s[0] = -11
+        for bias, mm, ss, xz in ((b, m, s, -128), (None, m[:1], s[:1], 7), (b, m, s.abs() % 3, 0)):
+            lin = (x, xz, w, bias, mm, ss, 3)
+            want = tessera.linear_int8_requant(*lin, backend="reference")
+            assert torch.equal(tessera.linear_int8_requant(*lin, backend="cpu"), want), (M, K, N, xz)
+            xs = torch.cat([x, x], 1)[:, :K]                        # rows 2K apart
+            assert torch.equal(tessera.linear_int8_requant(xs, *lin[1:], backend="cpu"),
+                               tessera.linear_int8_requant(xs, *lin[1:], backend="reference"))
+        # output rows N + 8 apart: nothing written past a row's N bytes
+        off = b.long() + 128 * w.sum(1, dtype=torch.int64)
+        big = torch.full((M, N + 8), 77, dtype=torch.int8)
+        int_mm_requant(x, w, m, s, off, 3, -128, 127, 0, big[:, :N])
+        want = tessera.linear_int8_requant(x, -128, w, b, m, s, 3, backend="reference")
+        assert torch.equal(big[:, :N], want) and bool((big[:, N:] == 77).all()), (M, K, N)
 
 
 @pytest.mark.parametrize("M,K,N", [(40, 129, 70), (57, 200, 64), (64, 1152, 130), (200, 576, 33)])

@@ -196,6 +196,9 @@ QN_BLOCK1(qo_block_n1, 0)
 QN_BLOCK1(qo_block_n1_full, 1)
 QN_BLOCK2(qo_block_n2, 0)
 QN_BLOCK2(qo_block_n2_full, 1)
+/* the requantized kernels with their epilogue fused (they use the macros above) */
+#include "qi8_outer_rq.h"
+
 #undef QN_HEAD
 #undef QN_BLOCK1
 #undef QN_BLOCK2

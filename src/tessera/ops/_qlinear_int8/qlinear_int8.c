@@ -518,6 +518,29 @@ static void gemm_panel(const job_t *J, int64_t p, int64_t *tile, float *fbuf) {
 #include "qi8_outer_avx512.h"
 #include "qi8_amx.h"
 
+/* rows m0 .. m0 + done of a requantized call's row chunk A straight to the output, where a fused
+ * kernel applies (qn2_rq_block: 12-row blocks, 16 < cols <= 32; qo_rq_block: 6-row blocks, cols >
+ * 32; both: one K block, int8 outputs in the double rounding's f8 form, the offset folded or
+ * none); returns done (the rows % the block: the tile) */
+VNNI_TARGET static int64_t q_rq_rows(const job_t *J, const uint8_t *A, int64_t rows, const int8_t *Pp, int64_t k4n,
+                                     const int32_t *cs, int64_t m0, int64_t n0, int64_t cols) {
+    const rq_t *R = J->rq;
+    const int64_t mb = cols > 32 ? 6 : 12;
+    if (cols <= 16 || k4n > QO_KC4 || rows < mb || R->rounding == RQ_SINGLE || R->out16 || !R->f32 ||
+        (R->off && !R->fold))
+        return 0;
+    qrq_t Q;
+    if (!qrq_init(&Q, R->mult + n0 * R->cs, R->shift + n0 * R->cs, (int)R->cs, cols, R->zp, R->qmin, R->qmax, R->so))
+        return 0;
+    const int64_t done = rows / mb * mb;
+    for (int64_t m = 0; m < done; m += mb) {
+        char *o = R->out + (m0 + m) * R->so + n0;
+        if (mb == 6) qo_rq_block(A + m * J->Kp, J->Kp, Pp, k4n, cs, &Q, o, R->so);
+        else qn2_rq_block(A + m * J->Kp, J->Kp, Pp, k4n, cs, &Q, o, R->so);
+    }
+    return done;
+}
+
 /* the broadcast GEMM (int8, VNNI, qo_wanted(M, K)): panels packed by all threads, then (row chunk,
  * panel) items; int32 outputs straight into y, float epilogues through a per-thread int32 tile
  * (`tile`: 2 x QO_MC x 64 int32, the int64 tile's bytes) */
@@ -591,8 +614,11 @@ _Pragma("omp for schedule(dynamic, 1)")
         }
 #endif
         if (J->rq) {   /* requantized from the L1/L2-resident tile: no int32 [M, N] round trip */
-            QO_ROWS(A, J->Kp, rows, P + p * kst * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
-            rq_tile(J->rq, tile, rows, m0, n0, cols);
+            const int64_t done = J->amx ? 0 : q_rq_rows(J, A, rows, P + p * kst * 256, k4n, CS + p * 64, m0, n0, cols);
+            if (done < rows) {
+                QO_ROWS(A + done * J->Kp, J->Kp, rows - done, P + p * kst * 256, k4n, CS + p * 64, tile, 64, cols, tmp);
+                rq_tile(J->rq, tile, rows - done, m0 + done, n0, cols);
+            }
             continue;
         }
         if (J->ydtype < 0) {
@@ -837,8 +863,9 @@ int tsr_qi8_conv_rq(const int8_t *x, int64_t Nb, int64_t C, int64_t H, int64_t W
                     const int8_t *packed) {
 #if QI8_VNNI
     if (C <= 0 || kh <= 0 || kw <= 0 || sw < C || x_zp < -128 || x_zp > 127) return TSR_EINVAL;
-    const ic_t ic = {x, C, H, W, sn, sh, sw, kh, kw, st_h, st_w, pd_h, pd_w, dl_h, dl_w, Ho, Wo,
-                     (uint8_t)((uint8_t)(int8_t)x_zp ^ 0x80u)};
+    ic_t ic = {x, C, H, W, sn, sh, sw, kh, kw, st_h, st_w, pd_h, pd_w, dl_h, dl_w, Ho, Wo,
+               (uint8_t)((uint8_t)(int8_t)x_zp ^ 0x80u)};
+    ic_four_init(&ic);
     const int64_t K = kh * kw * C;
     return mm_rq(NULL, K, 8, Nb * Ho * Wo, K, w, N, mult, shift, cs, off, zp, qmin, qmax, rounding, out, so, 0,
                  vnni_ok, nthreads, packed, &ic);
@@ -864,8 +891,9 @@ static int qi8_run(job_t J, int vnni_ok, int nthreads) {
      * row length K (a pointwise conv's K = 16 - 32 had the copy write 2 - 4x its bytes at 64, and
      * contiguous rows copy in one flat pass).  The up to 3 bytes read past a row's K meet the
      * panel's zero weights (qo_pack_panel), and the buffer has 64 bytes of slack after the last
-     * row.  The dot micro-kernels and the AMX tiles read whole 64-byte rows: Kp stays 64k there. */
-    if ((outer && !J.amx) || outer16) J.Kp = K;
+     * row.  The dot micro-kernels and the AMX tiles read whole 64-byte rows: Kp stays 64k there.
+     * A conv's own rows of K <= 32 are 32 bytes apart (qi8_im2col.h ic_fours: two rows a store). */
+    if ((outer && !J.amx) || outer16) J.Kp = J.ic && K <= 32 ? 32 : K;
     /* int16 rows for the int16 broadcast kernel need no conversion (VPDPWSSD is signed x signed):
      * contiguous rows of an even K (its int16 pairs end within the row) are read in place -- the
      * copy was ~10 % of an a16w8 ResNet-18 */
