@@ -279,8 +279,11 @@ def test_pointwise_convs_have_their_own_key(monkeypatch):
 def test_narrow_pointwise_convs_ask_their_own_key(monkeypatch):
     """A 1x1 conv with at most NARROW_COUT output channels asks under "conv2d_1x1n" where the table
     has that key (the kernel keeps winning it to a larger M), else under "conv2d_1x1"; the
-    count stays under the op's key.  Every table has the key in every dtype."""
+    count stays under the op's key.  Every table has the key in every dtype.  No NK floor here
+    (CONV_NK_MIN: AMD's default floor would keep these small layers on the kernel whatever the key)."""
     monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    monkeypatch.setattr(dispatch, "CONV_NK_MIN", 0)
+    monkeypatch.setattr(dispatch, "CONV_NK_MIN_BY_VENDOR", {})
     for table in (dispatch.DEFAULTS, dispatch.DEFAULTS_INTEL):
         assert {k for k in table if k.startswith("conv2d_1x1n:")} == \
             {"conv2d_1x1n:float32", "conv2d_1x1n:bfloat16", "conv2d_1x1n:float16"}

@@ -123,6 +123,9 @@ def test_layers_of_one_signature_each_replay_their_own_weight(fast):
 def test_rule_changes_and_backend_requests_reach_python(fast, monkeypatch):
     x, w = _rand((1, 16, 14, 14), seed=5, cl=True), _rand((64, 16, 1, 1), seed=6)   # (wider than NARROW_COUT)
     monkeypatch.delenv("TESSERA_DISPATCH", raising=False)
+    # no NK floor (AMD's default CONV_NK_MIN keeps a 64 x 16 layer on the kernel whatever the rule)
+    monkeypatch.setattr(dispatch, "CONV_NK_MIN", 0)
+    monkeypatch.setattr(dispatch, "CONV_NK_MIN_BY_VENDOR", {})
     with torch.no_grad():
         for rule, route in (({"conv2d_1x1:float32": 16}, "vendor"), ({"conv2d_1x1:float32": None}, "kernel")):
             table = dict(dispatch.thresholds(), **rule)

@@ -63,30 +63,33 @@ exclusive ``fcntl`` lock with an atomic rename; the key hashes the CPU model, th
 torch's version), read once per process.  Without a calibration file a built-in table applies,
 chosen by the CPU's vendor (``cpu_vendor``): ``DEFAULTS_INTEL`` on Intel (Sapphire Rapids with
 AMX, 2026-12-05, ``benchmarks/results/2026-12-05-cpu-dispatch-intel/``), else ``DEFAULTS`` (the
-AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13,
+AMD EPYC dev VM, AVX-512 with BF16/VNNI, no AMX, 2 cores, torch 2.13, remeasured 2026-12-07 in
+two calibration runs: ``benchmarks/results/2026-12-07j-cpu-amd/``; first measured 2026-12-04,
 ``benchmarks/results/2026-12-04-cpu-dispatch/``).  ``DEFAULTS``:
 
 * W4A16 bf16: vendor from M = 32 (oneDNN's AVX512-BF16 GEMM beats the fp32-FMA int4 kernel by
-  ~1.1x at M = 32 and 2-3x from M = 64; the kernel wins at M = 16 and at decode, where it reads
-  4x fewer weight bytes);
-* W4A16 fp32: the kernel (ahead below M = 512, level with oneDNN's fp32 GEMM at 512); fp16: the
-  kernel (torch's CPU fp16 GEMM is slower);
+  1.3x at M = 32 and 2.4-2.7x from M = 64; at M = 16 the two are within noise, and at decode the
+  kernel reads 4x fewer weight bytes);
+* W4A16 fp32: vendor from M = 512 (oneDNN's fp32 GEMM 1.12-1.14x there; level at 256, the kernel
+  ahead below); fp16: the kernel (torch's CPU fp16 GEMM is slower);
 * W8A8, W4A8, A16W8: the kernel -- the exact vendor routes (``torch._int_mm``; W4A8's batched
   per-group GEMM; A16W8's float64 product) are all slower than the VNNI kernels, W8A8's by
   ~1.2-2.5x, W4A8's by 5-14x, A16W8's by 3x or more;
 * conv2d dense: vendor from 3136 output pixels in fp32 (batch 4 of 28 x 28: ~1.1x) and from 784
-  in bf16 (oneDNN's bf16 conv ~2x the fp32-accumulating kernel); depthwise fp32: the kernel (its
-  sliding-window tiles run 1.2-1.6x ``F.conv2d`` + activation at every measured size on the Intel
-  Sapphire Rapids VM, 2026-12-05; the AMD figure, vendor from 3136 pixels, predates that kernel);
-  depthwise bf16: from 1568 pixels (measured when the kernel still widened x to fp32 in a pass of
-  its own, which cost it 2-3x; now it widens as it loads, but this CPU was not remeasured); fp16: the kernel
+  in bf16 (oneDNN's bf16 conv ~2x the fp32-accumulating kernel); 1x1 convs: vendor from 3136 in
+  fp32 (level to 1568, the calibration's largest), from 196 in bf16 (1.1-2.1x); narrow 1x1 convs
+  (``conv2d_1x1n``): the kernel in fp32 (0.5-0.7x oneDNN's time to M = 3136, level at 6272),
+  vendor from 1568 in bf16 (1.4-1.9x from 3136); depthwise fp32 and bf16: the kernel (0.3-0.7x
+  ``F.conv2d`` + activation's time to 3136 pixels, level at 6272 in fp32); fp16: the kernel
   (``F.conv2d`` in fp16 is several times slower on the AMD VM; on Sapphire Rapids, with
   AVX512-FP16, a calibration file moves large fp16 calls to oneDNN).
   The ``CONV_NK_MIN`` floor keeps few-channel stems (a 3-channel 7x7 conv: the kernel is ~1.8x
   ahead) on the kernel (not bf16 on Intel: ``CONV_NK_MIN_BY_VENDOR``).
-* conv2d backward fp32, dense and depthwise: vendor from M = 16 (the kernels' backward ran
-  0.3-0.6x eager autograd on every ResNet-18 / MobileNetV2 bench row); bf16 and fp16: the kernel
-  (not measured on this VM; ``aten.convolution_backward`` in fp16 is ~100x slower on Intel).
+* conv2d backward, dense: vendor from M = 16 in fp32 (the kernels' backward ran 0.3-0.6x eager
+  autograd on every ResNet-18 / MobileNetV2 bench row; 1.4-1.7x at the calibration layer), from
+  784 in bf16 (2.0-3.3x); depthwise: the kernel in fp32 (0.5-0.9x oneDNN's time at every measured
+  M), vendor from 3136 in bf16 (1.1-1.2x); fp16: the kernel (``aten.convolution_backward`` in
+  fp16 is ~100x slower on Intel).
 
 ``DEFAULTS_INTEL`` differs where oneDNN's AMX and AVX512-FP16 paths change the winner:
 
@@ -159,16 +162,16 @@ MARGIN = 0.05                    # calibration: the vendor route must win by thi
 # per CPU vendor (module docstring): oneDNN's relative speed differs more between them than
 # between sizes.  DEFAULTS (AMD EPYC, AVX-512 BF16/VNNI, no AMX) also serves other CPUs.
 DEFAULTS: dict[str, int | list | None] = {
-    "linear_w4a16:float32": None, "linear_w4a16:bfloat16": 32, "linear_w4a16:float16": None,
+    "linear_w4a16:float32": 512, "linear_w4a16:bfloat16": 32, "linear_w4a16:float16": None,
     "linear_w4a8:float32": None, "linear_w4a8:bfloat16": None, "linear_w4a8:float16": None,
     "linear_w8a8:float32": None, "linear_w8a8:bfloat16": None, "linear_w8a8:float16": None,
     "linear_a16w8:float32": None, "linear_a16w8:bfloat16": None, "linear_a16w8:float16": None,
     "conv2d:float32": 3136, "conv2d:bfloat16": 784, "conv2d:float16": None,
-    "conv2d_1x1:float32": 3136, "conv2d_1x1:bfloat16": 784, "conv2d_1x1:float16": None,
-    "conv2d_1x1n:float32": 3136, "conv2d_1x1n:bfloat16": 784, "conv2d_1x1n:float16": None,  # (not measured here)
-    "conv2d_dw:float32": None, "conv2d_dw:bfloat16": 1568, "conv2d_dw:float16": None,
-    "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": None, "conv2d_bwd:float16": None,
-    "conv2d_dw_bwd:float32": 16, "conv2d_dw_bwd:bfloat16": None, "conv2d_dw_bwd:float16": None,
+    "conv2d_1x1:float32": 3136, "conv2d_1x1:bfloat16": 196, "conv2d_1x1:float16": None,
+    "conv2d_1x1n:float32": None, "conv2d_1x1n:bfloat16": 1568, "conv2d_1x1n:float16": None,
+    "conv2d_dw:float32": None, "conv2d_dw:bfloat16": None, "conv2d_dw:float16": None,
+    "conv2d_bwd:float32": 16, "conv2d_bwd:bfloat16": 784, "conv2d_bwd:float16": None,
+    "conv2d_dw_bwd:float32": None, "conv2d_dw_bwd:bfloat16": 3136, "conv2d_dw_bwd:float16": None,
     # attention (M = the sequence length; only calls SDPA can express, see attention_shape): not
     # measured on this CPU, so the kernel
     "attention:float32": None, "attention:bfloat16": None, "attention:float16": None,
