@@ -464,24 +464,65 @@ INL void rq_f8_store4(__m512i v, int n, char *o, int64_t step, __mmask16 k) {
     if (n > 3) _mm_mask_storeu_epi8(o + 3 * step, k, _mm512_extracti32x4_epi32(v, 3));
 }
 
+/* The f8 form's per-channel parts of one register of four 16-lane blocks (rq_tile_f8, and the int8
+ * GEMM's fused epilogue, _qlinear_int8/qi8_outer_rq.h): NB (1..4) blocks of columns from column 0
+ * (mult / shift at column 0; cs: per channel).  Where NB divides 4, block b takes block b % NB's
+ * channels (4 / NB rows of the register side by side); for NB = 3 there is no block 3 (rq_f8_rows
+ * reads three), and a block past C has k 0.  Returns 0 where a block's channels do not allow the f8 form. */
+typedef struct {
+    rq_f_ch f[4];
+    __mmask16 k[4];
+    __m512i mv[4], sv[4];
+} rq_f8_ch;
+
+INL int rq_f8_ch_init(rq_f8_ch *c, const int32_t *mult, const int32_t *shift, int cs, int64_t C, int64_t zp,
+                      int64_t qmin, int64_t qmax, const int NB) {
+    for (int b = 0; b < NB; b++) {
+        c->k[b] = C > 16 * b ? rq_tail16(C - 16 * b) : 0;   /* (rq_tail16 takes n >= 0) */
+        c->mv[b] = rq_v_chan(mult, cs, 16 * b, c->k[b]);
+        c->sv[b] = rq_v_chan(shift, cs, 16 * b, c->k[b]);
+        c->f[b] = rq_f_double_ch(c->mv[b], c->sv[b], c->k[b], qmin - zp, qmax - zp);
+        if (c->k[b] && !rq_f8_ok(&c->f[b], c->sv[b], c->k[b], qmin, qmax)) return 0;
+    }
+    for (int b = NB; b < 4 && NB != 3; b++)   /* block b: row b / NB of the register, channels of block b % NB */
+        c->f[b] = c->f[b % NB], c->k[b] = c->k[b % NB], c->mv[b] = c->mv[b % NB], c->sv[b] = c->sv[b % NB];
+    return 1;
+}
+
+/* one register: blocks 0 .. NU - 1 of exact int32 sums a[b] (lanes k[b]) requantized with c's block
+ * b, the integer form for the distrusted blocks, as 64 int8 (lane b = block b; absent blocks 0) */
+INL __m512i rq_f8_four(const __m512i *a, const int NU, const rq_f8_ch *c, const __mmask16 *k, const rq_f8_k *K,
+                       __m512i lo32, __m512i hi32) {
+    __m512i r[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 fr[4];
+    for (int b = 0; b < NU; b++) fr[b] = rq_f8_block(a[b], &c->f[b], k[b], K, &r[b]);
+    if (rq_f8_distrust(fr, NU, K))   /* the integer form for the distrusted blocks */
+        for (int b = 0; b < NU; b++)
+            if (rq_f8_distrust1(fr[b], K)) r[b] = rq_v_double_lazy(a[b], c->mv[b], c->sv[b], lo32, hi32);
+    return rq_f8_pack4(r, K);
+}
+
 /* rq_tile_f8's register: nr (1..RPR) rows of the tile from acc (row stride lda) into o (row stride so) */
-INL void rq_f8_rows(const int32_t *acc, int64_t lda, const int nr, const int NB, const rq_f_ch *f, const __mmask16 *k,
-                    const __m512i *mv, const __m512i *sv, const rq_f8_k *K, __m512i lo32, __m512i hi32, char *o,
-                    int64_t so, __mmask64 kst, int flat, int64_t C) {
+INL void rq_f8_rows(const int32_t *acc, int64_t lda, const int nr, const int NB, const rq_f8_ch *c,
+                    const rq_f8_k *K, __m512i lo32, __m512i hi32, char *o, int64_t so, __mmask64 kst, int flat,
+                    int64_t C) {
     const int RPR = NB == 1 ? 4 : (NB == 2 ? 2 : 1), NU = NB == 3 ? 3 : 4;
     __m512i r[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     __m512 fr[4];
     __mmask16 kr[4];
     for (int b = 0; b < NU; b++) {
-        kr[b] = b / NB < nr ? k[b] : 0;   /* a missing row's block: zeros, not loaded, not stored */
-        fr[b] = rq_f8_block(_mm512_maskz_loadu_epi32(kr[b], acc + (b / NB) * lda + 16 * (b % NB)), &f[b], kr[b], K,
-                            &r[b]);
+        kr[b] = b / NB < nr ? c->k[b] : 0;   /* a missing row's block: zeros, not loaded, not stored */
+        fr[b] = rq_f8_block(_mm512_maskz_loadu_epi32(kr[b], acc + (b / NB) * lda + 16 * (b % NB)), &c->f[b], kr[b],
+                            K, &r[b]);
     }
-    if (rq_f8_distrust(fr, NU, K))   /* the integer form for the distrusted blocks */
+    /* the integer form for the distrusted blocks, their sums read again from the tile: through
+     * rq_f8_four, which keeps them live across the test, gcc 12's rq_tile had 655 stack operands
+     * against 461 (rq_f8_four serves the fused GEMM epilogue, whose sums are in registers) */
+    if (rq_f8_distrust(fr, NU, K))
         for (int b = 0; b < NU; b++)
             if (rq_f8_distrust1(fr[b], K))
-                r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(kr[b], acc + (b / NB) * lda + 16 * (b % NB)), mv[b],
-                                        sv[b], lo32, hi32);
+                r[b] = rq_v_double_lazy(_mm512_maskz_loadu_epi32(kr[b], acc + (b / NB) * lda + 16 * (b % NB)),
+                                        c->mv[b], c->sv[b], lo32, hi32);
     const __m512i v = rq_f8_pack4(r, K);
     if (RPR == 1) {
         if (C >= 64) _mm512_storeu_si512((void *)o, v);   /* the masked store costs more */
@@ -504,18 +545,8 @@ INL void rq_f8_rows(const int32_t *acc, int64_t lda, const int nr, const int NB,
 INL int rq_tile_f8(const int32_t *acc, int64_t lda, int64_t rows, const int32_t *mult, const int32_t *shift,
                    const int cs, int64_t C, int64_t zp, int64_t qmin, int64_t qmax, char *out, int64_t so, const int NB) {
     const int RPR = NB == 1 ? 4 : (NB == 2 ? 2 : 1);   /* rows a register */
-    rq_f_ch f[4];
-    __mmask16 k[4];
-    __m512i mv[4], sv[4];
-    for (int b = 0; b < NB; b++) {
-        k[b] = rq_tail16(C - 16 * b);
-        mv[b] = rq_v_chan(mult, cs, 16 * b, k[b]);
-        sv[b] = rq_v_chan(shift, cs, 16 * b, k[b]);
-        f[b] = rq_f_double_ch(mv[b], sv[b], k[b], qmin - zp, qmax - zp);
-        if (!rq_f8_ok(&f[b], sv[b], k[b], qmin, qmax)) return 0;
-    }
-    for (int b = NB; b < 4 && NB != 3; b++)   /* block b: row b / NB of the register, channels of block b % NB */
-        f[b] = f[b % NB], k[b] = k[b % NB], mv[b] = mv[b % NB], sv[b] = sv[b % NB];
+    rq_f8_ch c;
+    if (!rq_f8_ch_init(&c, mult, shift, cs, C, zp, qmin, qmax, NB)) return 0;
     const rq_f8_k K = rq_f8_init(zp, qmin, qmax);
     const int64_t w = 16 * (4 / RPR);   /* a row's bytes in the register */
     const __mmask64 kst = C >= w ? ~(__mmask64)0 >> (64 - w) : (((__mmask64)1 << C) - 1);
@@ -523,9 +554,9 @@ INL int rq_tile_f8(const int32_t *acc, int64_t lda, int64_t rows, const int32_t 
     const __m512i lo32 = _mm512_set1_epi32((int32_t)(qmin - zp)), hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
     int64_t i = 0;
     for (; i + RPR <= rows; i += RPR)   /* full registers: constant masks */
-        rq_f8_rows(acc + i * lda, lda, RPR, NB, f, k, mv, sv, &K, lo32, hi32, out + i * so, so, kst, flat, C);
+        rq_f8_rows(acc + i * lda, lda, RPR, NB, &c, &K, lo32, hi32, out + i * so, so, kst, flat, C);
     if (i < rows)
-        rq_f8_rows(acc + i * lda, lda, (int)(rows - i), NB, f, k, mv, sv, &K, lo32, hi32, out + i * so, so, kst, 0, C);
+        rq_f8_rows(acc + i * lda, lda, (int)(rows - i), NB, &c, &K, lo32, hi32, out + i * so, so, kst, 0, C);
     return 1;
 }
 

@@ -14,10 +14,9 @@
 #define QI8_OUTER_RQ_H
 
 typedef struct {
-    rq_f_ch f[4];
-    __mmask16 k[4];
-    __m512i mv[4], sv[4], lo32, hi32;
+    rq_f8_ch c;      /* cols <= 32: blocks 0, 1 and again as 2, 3 (two rows a register); else four */
     rq_f8_k K;
+    __m512i lo32, hi32;
     __mmask64 kst;   /* a row's cols bytes */
     int flat;        /* qn2: two rows adjacent in out (so == cols == 32): one 64-byte store */
 } qrq_t;
@@ -26,13 +25,7 @@ typedef struct {
  * first column); 0 where a block's channels do not allow the f8 form */
 VNNI_TARGET static int qrq_init(qrq_t *R, const int32_t *mult, const int32_t *shift, int cs, int64_t cols,
                                 int64_t zp, int64_t qmin, int64_t qmax, int64_t so) {
-    for (int b = 0; b < 4; b++) {
-        R->k[b] = cols > 16 * b ? rq_tail16(cols - 16 * b) : 0;   /* (rq_tail16 takes n >= 0) */
-        R->mv[b] = rq_v_chan(mult, cs, 16 * b, R->k[b]);
-        R->sv[b] = rq_v_chan(shift, cs, 16 * b, R->k[b]);
-        R->f[b] = rq_f_double_ch(R->mv[b], R->sv[b], R->k[b], qmin - zp, qmax - zp);
-        if (R->k[b] && !rq_f8_ok(&R->f[b], R->sv[b], R->k[b], qmin, qmax)) return 0;
-    }
+    if (!rq_f8_ch_init(&R->c, mult, shift, cs, cols, zp, qmin, qmax, cols > 32 ? 4 : 2)) return 0;
     R->K = rq_f8_init(zp, qmin, qmax);
     R->lo32 = _mm512_set1_epi32((int32_t)(qmin - zp));
     R->hi32 = _mm512_set1_epi32((int32_t)(qmax - zp));
@@ -41,26 +34,16 @@ VNNI_TARGET static int qrq_init(qrq_t *R, const int32_t *mult, const int32_t *sh
     return 1;
 }
 
-/* four blocks of exact int32 sums as 64 int8 (lane b = block b), block b requantized with the
- * channels of block b & 1 (two: two rows of 32 columns) or b (one row of 64) */
-VNNI_TARGET INL __m512i qrq_four(const qrq_t *R, __m512i a0, __m512i a1, __m512i a2, __m512i a3, const int two) {
+/* four blocks of exact int32 sums as 64 int8 (lane b = block b) */
+VNNI_TARGET INL __m512i qrq_four(const qrq_t *R, __m512i a0, __m512i a1, __m512i a2, __m512i a3) {
     const __m512i a[4] = {a0, a1, a2, a3};
-    __m512i r[4];
-    __m512 fr[4];
-#define QRQ_C(b) (two ? (b) & 1 : (b))
-    for (int b = 0; b < 4; b++) fr[b] = rq_f8_block(a[b], &R->f[QRQ_C(b)], R->k[QRQ_C(b)], &R->K, &r[b]);
-    if (rq_f8_distrust(fr, 4, &R->K))   /* the integer form for the distrusted blocks */
-        for (int b = 0; b < 4; b++)
-            if (rq_f8_distrust1(fr[b], &R->K))
-                r[b] = rq_v_double_lazy(a[b], R->mv[QRQ_C(b)], R->sv[QRQ_C(b)], R->lo32, R->hi32);
-#undef QRQ_C
-    return rq_f8_pack4(r, &R->K);
+    return rq_f8_four(a, 4, &R->c, R->c.k, &R->K, R->lo32, R->hi32);
 }
 
 /* qn2: rows i, i + 1 (blocks a0 a1, a2 a3) into o, o + so (rq_f8_rows' RPR = 2 form) */
 VNNI_TARGET INL void qn2_rq_pair(const qrq_t *R, __m512i a0, __m512i a1, __m512i a2, __m512i a3, char *o,
                                  int64_t so) {
-    const __m512i v = qrq_four(R, a0, a1, a2, a3, 1);
+    const __m512i v = qrq_four(R, a0, a1, a2, a3);
     if (R->flat) {
         _mm512_storeu_si512((void *)o, v);
         return;
@@ -71,7 +54,7 @@ VNNI_TARGET INL void qn2_rq_pair(const qrq_t *R, __m512i a0, __m512i a1, __m512i
 
 /* qo_rq: one row's four blocks into o (rq_f8_rows' RPR = 1 form) */
 VNNI_TARGET INL void qo_rq_row(const qrq_t *R, __m512i a0, __m512i a1, __m512i a2, __m512i a3, char *o) {
-    const __m512i v = qrq_four(R, a0, a1, a2, a3, 0);
+    const __m512i v = qrq_four(R, a0, a1, a2, a3);
     if (R->kst == ~(__mmask64)0) _mm512_storeu_si512((void *)o, v);
     else _mm512_mask_storeu_epi8(o, R->kst, v);
 }
